@@ -1,0 +1,1 @@
+"""The course's language models: corpus, tokenizer, training, loading and accounting."""

@@ -1,0 +1,158 @@
+"""Model accounting: parameters, weight bytes, FLOPs and KV-cache bytes from a config alone.
+
+Every later chapter predicts a time from these numbers before measuring it: decode reads every
+weight once per step (bandwidth-bound), prefill does ~2·params FLOPs per token (compute-bound).
+Works for any Llama-family ``transformers`` config and for named presets without weights.
+Introduced in 01_bottlenecks.ipynb.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from course_lib.dtypes import dtype_bytes
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers that fix a Llama-style decoder's cost. Validated on construction."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_embeddings: bool = False
+    max_position: int = 4096
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", int) and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"ModelShape.{f.name} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+
+    @property
+    def gqa_group(self) -> int:
+        """Query heads sharing one KV head (1 = MHA, num_heads = MQA)."""
+        return self.num_heads // self.num_kv_heads
+
+    @classmethod
+    def from_config(cls, config, name: str | None = None) -> "ModelShape":
+        """From a ``transformers`` config (LlamaConfig, Qwen2Config, MistralConfig, ...)."""
+        needed = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        missing = [k for k in needed if getattr(config, k, None) is None]
+        if missing:
+            raise ValueError(f"config lacks {missing}; expected a Llama-family decoder config")
+        heads = config.num_attention_heads
+        return cls(
+            name=name or getattr(config, "_name_or_path", "") or getattr(config, "model_type", "model"),
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            max_position=getattr(config, "max_position_embeddings", 4096),
+        )
+
+    @classmethod
+    def from_name(cls, name: str) -> "ModelShape":
+        """A preset: ``llama-2-7b``, ``llama-2-13b``, ``llama-2-70b``, ``llama-3-8b``, ``llama-3-70b``."""
+        key = name.strip().lower()
+        if key not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; valid: {sorted(PRESETS)}")
+        return PRESETS[key]
+
+
+PRESETS: dict[str, ModelShape] = {
+    # Shapes from the models' published config.json files (Meta Llama 2 / Llama 3 releases).
+    "llama-2-7b": ModelShape("llama-2-7b", 32000, 4096, 11008, 32, 32, 32, 128, False, 4096),
+    "llama-2-13b": ModelShape("llama-2-13b", 32000, 5120, 13824, 40, 40, 40, 128, False, 4096),
+    "llama-2-70b": ModelShape("llama-2-70b", 32000, 8192, 28672, 80, 64, 8, 128, False, 4096),
+    "llama-3-8b": ModelShape("llama-3-8b", 128256, 4096, 14336, 32, 32, 8, 128, False, 8192),
+    "llama-3-70b": ModelShape("llama-3-70b", 128256, 8192, 28672, 80, 64, 8, 128, False, 8192),
+}
+
+
+def _check_positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def layer_params(shape: ModelShape) -> int:
+    """Weights of one decoder layer: q,k,v,o projections + SwiGLU MLP + two RMSNorm vectors."""
+    attn = shape.hidden_size * shape.head_dim * (2 * shape.num_heads + 2 * shape.num_kv_heads)
+    mlp = 3 * shape.hidden_size * shape.intermediate_size
+    return attn + mlp + 2 * shape.hidden_size
+
+
+def param_count(shape: ModelShape, include_embeddings: bool = True) -> int:
+    """Total parameters, matching ``sum(p.numel() for p in model.parameters())`` of the HF model."""
+    body = shape.num_layers * layer_params(shape) + shape.hidden_size  # + final norm
+    if not include_embeddings:
+        return body
+    head = 0 if shape.tie_embeddings else shape.vocab_size * shape.hidden_size
+    return body + shape.vocab_size * shape.hidden_size + head
+
+
+def matmul_params(shape: ModelShape) -> int:
+    """Parameters that take part in a matmul per token (everything but embedding lookup and norms)."""
+    return shape.num_layers * (layer_params(shape) - 2 * shape.hidden_size) + shape.vocab_size * shape.hidden_size
+
+
+def weight_bytes(shape: ModelShape, dtype: str = "bf16") -> float:
+    """Bytes of all weights stored in ``dtype`` (what decode must read once per step)."""
+    return param_count(shape) * dtype_bytes(dtype)
+
+
+def kv_bytes_per_token(shape: ModelShape, dtype: str = "bf16") -> float:
+    """2 (K and V) · layers · kv_heads · head_dim · bytes. Llama-2-7B fp16: 512 KiB."""
+    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype_bytes(dtype)
+
+
+def attention_flops(shape: ModelShape, n_query: int, n_context: int) -> float:
+    """QK^T and PV for ``n_query`` tokens attending to ``n_context`` keys each: 4·layers·heads·hd·q·k."""
+    return 4.0 * shape.num_layers * shape.num_heads * shape.head_dim * n_query * n_context
+
+
+def prefill_flops(shape: ModelShape, n_tokens: int, batch: int = 1) -> float:
+    """Forward FLOPs of a causal prefill of ``n_tokens`` per sequence: 2·P per token + attention
+    (each token attends to itself and those before it: on average (n+1)/2 keys)."""
+    _check_positive("n_tokens", n_tokens)
+    _check_positive("batch", batch)
+    dense = 2.0 * matmul_params(shape) * n_tokens
+    attn = attention_flops(shape, n_tokens, 1) * (n_tokens + 1) / 2
+    return batch * (dense + attn)
+
+
+def decode_flops(shape: ModelShape, context_len: int, batch: int = 1) -> float:
+    """FLOPs of one decode step: every sequence adds one token that attends to ``context_len`` keys."""
+    _check_positive("context_len", context_len)
+    _check_positive("batch", batch)
+    return batch * (2.0 * matmul_params(shape) + attention_flops(shape, 1, context_len))
+
+
+def decode_step_bytes(shape: ModelShape, context_len: int, batch: int = 1, dtype: str = "bf16",
+                      kv_dtype: str | None = None) -> float:
+    """Minimum bytes one decode step moves: every weight once + each sequence's KV cache."""
+    _check_positive("context_len", context_len)
+    _check_positive("batch", batch)
+    kv = kv_bytes_per_token(shape, kv_dtype or dtype) * context_len * batch
+    return weight_bytes(shape, dtype) + kv
+
+
+def decode_intensity(shape: ModelShape, context_len: int, batch: int = 1, dtype: str = "bf16") -> float:
+    """Arithmetic intensity (FLOP/byte) of a decode step: ≈ batch / bytes-per-param for short contexts."""
+    return decode_flops(shape, context_len, batch) / decode_step_bytes(shape, context_len, batch, dtype)
+
+
+def prefill_intensity(shape: ModelShape, n_tokens: int, batch: int = 1, dtype: str = "bf16") -> float:
+    """Arithmetic intensity of a prefill: weights read once, reused by every token (grows with n)."""
+    moved = weight_bytes(shape, dtype) + kv_bytes_per_token(shape, dtype) * n_tokens * batch
+    return prefill_flops(shape, n_tokens, batch) / moved
