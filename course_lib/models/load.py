@@ -1,0 +1,82 @@
+"""One loader for every model the course runs: the embedded ones by name, a local folder, or a hub id.
+
+    model, tok = load_model("tiny-target")                      # shipped in data/models/, offline
+    model, tok = load_model("HuggingFaceTB/SmolLM2-135M", device="cuda", dtype="bf16")  # online only
+
+Everything is checked before any weight is read, and nothing half-loaded is returned.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from course_lib.dtypes import torch_dtype
+from course_lib.paths import data_dir
+
+EMBEDDED = ("tiny-target", "tiny-draft")
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def embedded_dir(name: str) -> Path:
+    if name not in EMBEDDED:
+        raise ValueError(f"unknown embedded model {name!r}; valid: {list(EMBEDDED)} (or a local path / hub id)")
+    return data_dir() / "models" / name
+
+
+def check_checkpoint(path: Path) -> Path:
+    """Raise FileNotFoundError naming each missing file of a checkpoint folder."""
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {path} does not exist")
+    missing = [f for f in REQUIRED_FILES if not (path / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint folder {path} is missing {missing}")
+    return path
+
+
+def parse_device(device: str | torch.device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device must be like 'cpu', 'cuda' or 'cuda:0', got {device!r}") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available on this machine; use 'cpu'")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device type must be 'cpu', 'cuda' or 'mps', got {dev.type!r}")
+    return dev
+
+
+def resolve(name_or_path: str | Path) -> tuple[str, Path | None]:
+    """('embedded'|'local', path) or ('hub', None)."""
+    if not isinstance(name_or_path, (str, Path)) or not str(name_or_path).strip():
+        raise ValueError(f"model must be an embedded name {list(EMBEDDED)}, a folder or a hub id, got {name_or_path!r}")
+    text = str(name_or_path)
+    if text in EMBEDDED:
+        return "embedded", check_checkpoint(embedded_dir(text))
+    path = Path(text).expanduser()
+    if path.exists():
+        return "local", check_checkpoint(path)
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        return "hub", None
+    raise ValueError(f"unknown model {text!r}: not an embedded name {list(EMBEDDED)}, an existing folder, "
+                     "or a hub id of the form 'owner/name'")
+
+
+def load_model(name_or_path: str | Path = "tiny-target", device: str | torch.device = "cpu", dtype: str = "fp32"):
+    """(model, tokenizer) ready for inference (``eval()``, on ``device``, weights in ``dtype``)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = parse_device(device)
+    tdt = torch_dtype(dtype)
+    kind, path = resolve(name_or_path)
+    source = str(path) if path is not None else str(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=tdt)
+    except OSError as exc:
+        if kind == "hub":
+            raise OSError(f"could not load hub model {source!r} (no network or no such repo): {exc}. "
+                          f"Offline, use an embedded model: {list(EMBEDDED)}") from exc
+        raise
+    model.to(dev).eval()
+    return model, tokenizer
