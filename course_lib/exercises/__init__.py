@@ -1,0 +1,44 @@
+"""Auto-checked exercises: ``check`` compares an answer with a value computed by ``course_lib``.
+
+Expected values are never typed in by hand: each chapter module (``ch00``, ``ch01``, ...) computes
+them from the spec table and the accounting formulas, so they cannot drift from the library.
+An unanswered exercise (``None``) prints a reminder and returns False; a wrong answer raises
+``AssertionError`` with a ❌ message (a notebook must not print "wrong" and carry on); a right one
+prints ✅ and returns True. Introduced in 00_setup_and_hardware.ipynb.
+"""
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+
+def _matches(answer, expected, rtol: float, atol: float) -> bool:
+    if isinstance(expected, bool) or isinstance(expected, str):
+        if isinstance(expected, str) and isinstance(answer, str):
+            return answer.strip().lower() == expected.strip().lower()
+        return answer == expected
+    if isinstance(answer, bool) or not isinstance(answer, Real):
+        return False
+    return math.isfinite(float(answer)) and math.isclose(float(answer), float(expected), rel_tol=rtol, abs_tol=atol)
+
+
+def check(name: str, answer, expected, *, rtol: float = 0.02, atol: float = 0.0, hint: str = "",
+          unit: str = "") -> bool:
+    """✅ and True if ``answer`` matches ``expected`` (numbers within ``rtol``/``atol``, strings
+    case-insensitively); ⏳ and False if ``answer`` is None; otherwise raise AssertionError (❌)."""
+    if rtol < 0 or atol < 0:
+        raise ValueError(f"rtol and atol must be >= 0, got rtol={rtol}, atol={atol}")
+    unit = f" {unit}" if unit else ""
+    if answer is None:
+        print(f"⏳ {name}: not answered yet — replace None with your answer and re-run this cell")
+        return False
+    if _matches(answer, expected, rtol, atol):
+        shown = f"{expected:.4g}" if isinstance(expected, float) else repr(expected)
+        print(f"✅ {name}: {shown}{unit} is right")
+        return True
+    tolerance = f" (within {rtol:.0%})" if isinstance(expected, Real) and not isinstance(expected, bool) else ""
+    raise AssertionError(f"❌ {name}: your answer {answer!r}{unit} is not the expected value{tolerance}. "
+                         f"{hint}".strip())
+
+
+__all__ = ["check"]

@@ -1,0 +1,135 @@
+"""Small log-log figures: rooflines with measured points, and measured-vs-theory curves.
+
+Figures are kept small (``FIGSIZE``, ``DPI``) so executed notebooks stay well under a megabyte.
+Introduced in 00_setup_and_hardware.ipynb; the explorer in 01_bottlenecks.ipynb.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from course_lib.roofline import PhaseReport, Point, Roof
+
+FIGSIZE = (7, 4)
+DPI = 80
+_MARKERS = "osD^vP*Xh<>"
+
+
+def new_axes(ax=None, figsize=FIGSIZE):
+    """(fig, ax): a fresh small figure unless ``ax`` is given."""
+    if ax is not None:
+        return ax.figure, ax
+    fig, ax = plt.subplots(figsize=figsize, dpi=DPI)
+    return fig, ax
+
+
+def _range(roofs: Sequence[Roof], points: Sequence[Point], intensity_range) -> tuple[float, float]:
+    if intensity_range is not None:
+        lo, hi = intensity_range
+        if not 0 < lo < hi:
+            raise ValueError(f"intensity_range must be (low, high) with 0 < low < high, got {intensity_range!r}")
+        return lo, hi
+    xs = [r.ridge for r in roofs] + [p.intensity for p in points if p.intensity > 0]
+    return min(xs) / 10, max(xs) * 10
+
+
+def plot_roofline(roofs: Iterable[Roof], points: Iterable[Point] = (), *, ax=None, title: str = "",
+                  intensity_range: tuple[float, float] | None = None, predicted: bool = True):
+    """Draw each roof (measured: solid, datasheet: dashed) with its ridge point, and each point
+    at (intensity, achieved FLOP/s). With ``predicted`` a point also gets a hollow marker at the
+    roof's attainable value for its intensity on the first roof (the ceiling theory allows)."""
+    roofs = list(roofs)
+    points = list(points)
+    if not roofs:
+        raise ValueError("roofs must hold at least one Roof")
+    fig, ax = new_axes(ax)
+    lo, hi = _range(roofs, points, intensity_range)
+    x = np.logspace(np.log10(lo), np.log10(hi), 200)
+    for i, roof in enumerate(roofs):
+        style = "-" if roof.kind == "measured" else "--"
+        (line,) = ax.plot(x, roof.attainable(x), style, lw=2 if roof.kind == "measured" else 1.2,
+                          label=f"{roof.label}: ridge {roof.ridge:.3g} FLOP/B")
+        ax.plot([roof.ridge], [roof.peak_flops], "|", ms=14, color=line.get_color())
+    for i, point in enumerate(points):
+        marker = _MARKERS[i % len(_MARKERS)]
+        if point.achieved is not None:
+            (dot,) = ax.plot([point.intensity], [point.achieved], marker, ms=7, label=point.label)
+            color = dot.get_color()
+        else:
+            color = None
+        if predicted or point.achieved is None:
+            ceiling = roofs[0].attainable(point.intensity)
+            ax.plot([point.intensity], [ceiling], marker, ms=9, mfc="none", color=color,
+                    label=None if point.achieved is not None else f"{point.label} (ceiling)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("FLOP/s")
+    ax.set_title(title or "Roofline")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig, ax
+
+
+def plot_measured_vs_theory(x: Sequence[float], measured: Sequence[float], theory: Sequence[float], *,
+                            xlabel: str, ylabel: str, title: str = "", ax=None, logx: bool = True,
+                            logy: bool = True, label: str = "measured", theory_label: str = "theory (ceiling)"):
+    """Measured values and their theoretical ceiling on the same axes."""
+    if not (len(x) == len(measured) == len(theory)) or len(x) == 0:
+        raise ValueError(f"x, measured and theory must be non-empty and equally long, got "
+                         f"{len(x)}, {len(measured)}, {len(theory)}")
+    fig, ax = new_axes(ax)
+    ax.plot(x, theory, "--", color="grey", label=theory_label)
+    ax.plot(x, measured, "o-", label=label)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig, ax
+
+
+def plot_phases(report: PhaseReport, *, ax=None):
+    """One GPU's datasheet roof with the predicted decode and prefill points of ``report``."""
+    points = [Point(f"decode b={report.batch}", report.decode.flops, report.decode.bytes),
+              Point(f"prefill b={report.batch}x{report.prompt_len}", report.prefill.flops, report.prefill.bytes)]
+    return plot_roofline([report.roof], points, ax=ax, intensity_range=(0.1, 1e5),
+                         title=f"{report.model} {report.dtype} on {report.gpu}")
+
+
+def phase_explorer(default_gpu: str = "H100 SXM", default_model: str = "llama-2-7b"):
+    """An ipywidgets explorer: pick GPU, model, batch and dtype; see decode and prefill on the roof.
+    The computation is ``roofline.llm_phases`` (tested); this only wires the widgets to it."""
+    import ipywidgets as widgets
+
+    from course_lib.hardware import gpu_names
+    from course_lib.models.accounting import PRESETS
+    from course_lib.roofline import llm_phases
+
+    def show(gpu: str, model: str, batch: int, dtype: str, context_len: int):
+        try:
+            report = llm_phases(gpu, model, batch=batch, dtype=dtype, prompt_len=context_len,
+                                context_len=context_len)
+        except ValueError as exc:  # e.g. bf16 on a T4: say so instead of a traceback
+            print(f"cannot place this combination: {exc}")
+            return
+        print(report)
+        plot_phases(report)
+        plt.show()
+
+    return widgets.interactive(
+        show,
+        gpu=widgets.Dropdown(options=list(gpu_names()), value=default_gpu, description="GPU"),
+        model=widgets.Dropdown(options=sorted(PRESETS), value=default_model, description="model"),
+        batch=widgets.SelectionSlider(options=[2**i for i in range(11)], value=1, description="batch"),
+        dtype=widgets.Dropdown(options=["bf16", "fp16", "fp8", "fp32"], value="bf16", description="dtype"),
+        context_len=widgets.SelectionSlider(options=[2**i for i in range(7, 16)], value=512, description="context"),
+    )

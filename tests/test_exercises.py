@@ -1,0 +1,56 @@
+"""The checker: right answers pass, wrong ones raise, unanswered ones wait; expected values from the library."""
+import pytest
+
+from course_lib import exercises
+from course_lib.exercises import ch00, ch01
+from course_lib.hardware import gpu_spec
+from course_lib.models import accounting
+
+
+def test_check_right_wrong_unanswered(capsys):
+    assert exercises.check("x", 1.01, 1.0) is True
+    assert "✅" in capsys.readouterr().out
+    assert exercises.check("x", None, 1.0) is False
+    assert "⏳" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="❌ x"):
+        exercises.check("x", 1.5, 1.0)
+    with pytest.raises(AssertionError):
+        exercises.check("x", "1.0", 1.0)  # a string is not a number
+    assert exercises.check("s", " Memory-Bound ", "memory-bound")
+    with pytest.raises(ValueError, match="rtol"):
+        exercises.check("x", 1, 1, rtol=-1)
+
+
+def test_ch00():
+    assert ch00.check_ridge(989e12 / 3.35e12)
+    assert ch00.check_ridge(gpu_spec("A100 80GB SXM").ridge(), gpu="A100 80GB SXM")
+    with pytest.raises(AssertionError):
+        ch00.check_ridge(989 / 3.35 * 1000)  # units slip
+    assert ch00.check_triad_bytes(3 * 4 * 1000, n=1000)
+    with pytest.raises(AssertionError):
+        ch00.check_triad_bytes(2 * 4 * 1000, n=1000)
+    shape = accounting.ModelShape.from_name("llama-2-7b")
+    ms = accounting.weight_bytes(shape, "bf16") / 4.8e12 * 1e3
+    assert ch00.check_weight_read_ms(ms)
+    with pytest.raises(AssertionError):
+        ch00.check_weight_read_ms(ms / 1e3)
+
+
+def test_ch01():
+    assert ch01.check_gemv_intensity(2 * 4096**2 / ((4096**2 + 2 * 4096) * 2))
+    with pytest.raises(AssertionError):
+        ch01.check_gemv_intensity(2.0)
+    shape = accounting.ModelShape.from_name("llama-2-7b")
+    assert ch01.check_decode_intensity(accounting.decode_intensity(shape, 512, 8, "bf16"))
+    with pytest.raises(AssertionError):
+        ch01.check_decode_intensity(8.0 * 10)
+    from course_lib.roofline import batch_to_reach
+
+    b = batch_to_reach(gpu_spec("H100 SXM").ridge(), "llama-2-7b", context_len=1)
+    assert ch01.check_batch_to_ridge(b)
+    with pytest.raises(AssertionError):
+        ch01.check_batch_to_ridge(b + 1)
+    assert ch01.check_bound("compute-bound", phase="prefill")
+    assert ch01.check_bound("memory-bound", phase="decode")
+    with pytest.raises(AssertionError):
+        ch01.check_bound("memory-bound", phase="prefill")

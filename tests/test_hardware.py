@@ -1,0 +1,187 @@
+"""The datasheet table, alias lookup, device detection and measured peaks (ratios, never absolute times)."""
+import json
+
+import pytest
+import torch
+
+import course_lib
+from course_lib import hardware
+from course_lib.paths import data_dir
+
+# Copied from /work/shared/ANCHORS.md, "Hardware peaks" (dense): name -> (bf16/fp16, fp8, TB/s, GB, ridge).
+ANCHORS = {
+    "H100 SXM": (989, 1979, 3.35, 80, 295),
+    "H200 SXM": (989, 1979, 4.8, 141, 206),
+    "A100 80GB SXM": (312, None, 2.039, 80, 153),
+    "L4": (121, 242, 0.300, 24, 403),
+    "T4": (65, None, 0.320, 16, 203),  # fp16; no bf16
+}
+REQUIRED = ("H100 SXM", "H200 SXM", "A100 40GB", "A100 80GB SXM", "L4", "T4", "A10G", "RTX 4090")
+
+
+def test_every_entry_is_complete():
+    raw = json.loads((data_dir() / "gpu_specs.json").read_text())["gpus"]
+    assert {e["name"] for e in raw} >= set(REQUIRED)
+    for entry in raw:
+        for key in hardware._SPEC_KEYS:
+            assert key in entry, (entry["name"], key)
+        assert entry["source"].strip(), entry["name"]
+        assert entry["hbm_tbps"] > 0 and entry["memory_gb"] > 0
+        for dt in hardware.SPEC_DTYPES:
+            value = entry[f"{dt}_tflops"]
+            # null exactly when the chip lacks the format, and then it says so
+            assert (value is None) == (dt in entry["unsupported"]), (entry["name"], dt)
+            assert value is None or value > 0
+        assert entry["fp32_tflops"] is not None
+
+
+@pytest.mark.parametrize("name", list(ANCHORS))
+def test_anchor_values_match_and_cite(name):
+    flops16, fp8, tbps, gb, ridge = ANCHORS[name]
+    spec = hardware.gpu_spec(name)
+    assert spec.tflops["fp16"] == flops16
+    if name != "T4":
+        assert spec.tflops["bf16"] == flops16
+    assert spec.tflops["fp8"] == fp8
+    assert spec.hbm_tbps == tbps and spec.memory_gb == gb
+    dtype = "fp16" if name == "T4" else "bf16"
+    assert spec.ridge(dtype) == pytest.approx(ridge, abs=1.0)
+    assert "ANCHORS.md" in spec.source
+
+
+@pytest.mark.parametrize("name", ["A100 40GB", "A10G", "RTX 4090"])
+def test_entries_outside_anchors_say_so(name):
+    assert "NVIDIA datasheet (not in ANCHORS.md)" in hardware.gpu_spec(name).source
+
+
+@pytest.mark.parametrize("alias,name", [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("h100", "H100 SXM"), ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"),
+    ("NVIDIA A100-SXM4-40GB", "A100 40GB"), ("Tesla T4", "T4"), ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+    ("nvidia l4", "L4"), ("NVIDIA A10G", "A10G"), ("NVIDIA H200", "H200 SXM"),
+])
+def test_alias_lookup(alias, name):
+    assert hardware.gpu_spec(alias).name == name
+
+
+def test_unknown_gpu_lists_valid_names():
+    with pytest.raises(ValueError, match="unknown GPU name 'H900'.*H100 SXM"):
+        hardware.gpu_spec("H900")
+    with pytest.raises(ValueError, match="gpu name"):
+        hardware.gpu_spec("")
+
+
+def test_unsupported_dtype_on_a_gpu():
+    with pytest.raises(ValueError, match="no bf16 support"):
+        hardware.gpu_spec("T4").peak_flops("bf16")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        hardware.gpu_spec("H100 SXM").peak_flops("fp33")
+
+
+def test_spec_for_device_unknown(capsys):
+    cpu = hardware.DeviceInfo("cpu", "Some CPU", 1.0)
+    assert hardware.spec_for_device(cpu) is None
+    assert "no datasheet entry" in capsys.readouterr().out
+    gpu = hardware.DeviceInfo("cuda", "NVIDIA Imaginary 9000", 1.0, (9, 0))
+    assert hardware.spec_for_device(gpu, quiet=True) is None
+    known = hardware.DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", 80.0, (9, 0))
+    assert hardware.spec_for_device(known).name == "H100 SXM"
+
+
+def test_detect_cpu():
+    info = hardware.detect_device("cpu")
+    assert info.kind == "cpu" and info.cores >= 1 and info.name
+    assert set(info.isa) <= set(hardware.ISA_FLAGS)
+    assert info.torch_cpu_capability == str(torch.backends.cpu.get_cpu_capability())
+    assert "CPU" in info.describe()
+
+
+def test_cpu_theoretical_flops_counts_isa():
+    base = dict(kind="cpu", name="x", memory_gb=1.0, cores=2, mhz=1000.0)
+    avx2 = hardware.DeviceInfo(isa=("avx2", "fma"), **base)
+    avx512 = hardware.DeviceInfo(isa=("avx2", "fma", "avx512f"), **base)
+    assert hardware.cpu_theoretical_flops(avx2) == 2 * 1e9 * 32
+    assert hardware.cpu_theoretical_flops(avx512) == 2 * avx2_flops(avx2)
+
+
+def avx2_flops(info):
+    return hardware.cpu_theoretical_flops(info)
+
+
+def test_interpreter_set_without_cuda():
+    import os
+
+    if not torch.cuda.is_available():
+        assert os.environ["TRITON_INTERPRET"] == "1"
+    assert course_lib.__version__
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: hardware.measure_matmul("fp33", n=10**9), "unknown dtype"),
+    (lambda: hardware.measure_matmul("int4", n=10**9), "dtype must be one of"),
+    (lambda: hardware.measure_matmul("fp32", n=0), "n must be a positive int"),
+    (lambda: hardware.measure_bandwidth("copy", n_bytes=-5), "n_bytes must be a positive int"),
+    (lambda: hardware.measure_bandwidth("scale"), "kind must be 'copy' or 'triad'"),
+    (lambda: hardware.measure_bandwidth("copy", dtype="int8", n_bytes=10**15), "dtype must be one of"),
+])
+def test_bad_input_raises_before_allocating(call, match):
+    # Sizes are absurd on purpose: the check must come before torch tries to allocate them.
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_bandwidth_counts_reads_and_writes():
+    copy = hardware.measure_bandwidth("copy", n_bytes=1 << 20, repeats=2)
+    triad = hardware.measure_bandwidth("triad", n_bytes=1 << 20, repeats=2)
+    assert copy.bytes == 2 * (1 << 20) and copy.flops is None
+    assert triad.bytes == 3 * (1 << 20) and triad.flops == 2 * (1 << 20) / 4
+
+
+def test_measured_peaks_cached_and_reset(monkeypatch):
+    calls = []
+
+    def fake_bw(kind, **kw):
+        calls.append(kind)
+        return _FakeTiming(bytes=3e9)
+
+    def fake_mm(dtype, **kw):
+        calls.append(dtype)
+        return _FakeTiming(flops=4e11 if dtype == "fp32" else 1e11)
+
+    monkeypatch.setattr(hardware, "measure_bandwidth", fake_bw)
+    monkeypatch.setattr(hardware, "measure_matmul", fake_mm)
+    hardware.reset()
+    assert hardware.cached_peaks("cpu") is None
+    peaks = hardware.measured_peaks("cpu")
+    assert hardware.measured_peaks("cpu") is peaks  # cached: measured once
+    assert calls == ["copy", "triad", "fp32", "bf16"]
+    assert peaks.bandwidth == pytest.approx(3e9)
+    assert peaks.peak_flops("fp32") == pytest.approx(4e11) and peaks.peak_flops() == pytest.approx(4e11)
+    assert peaks.ridge("bf16") == pytest.approx(1e11 / 3e9)
+    with pytest.raises(ValueError, match="was not measured"):
+        peaks.peak_flops("fp16")
+    hardware.reset()
+    assert hardware.cached_peaks("cpu") is None
+    hardware.measured_peaks("cpu")
+    assert len(calls) == 8
+    hardware.reset()
+
+
+class _FakeTiming:
+    """Stands in for bench.Timing: one second per call."""
+
+    def __init__(self, flops=None, bytes=None):
+        self.flops, self.bytes = flops, bytes
+
+    def rate(self, amount, best=False):
+        return amount / 1.0
+
+
+@pytest.mark.slow
+def test_real_peaks_are_plausible():
+    """On any machine: a matmul is far more FLOP-dense than a triad, and copy/triad agree within 4x."""
+    hardware.reset()
+    peaks = hardware.measured_peaks()
+    assert 0.25 < peaks.copy_gbs / peaks.triad_gbs < 4
+    triad_flops = peaks.triad_gbs * 1e9 * (2 / 12)  # triad: 2 FLOPs per 12 bytes
+    assert peaks.peak_flops("fp32") > 3 * triad_flops
+    hardware.reset()
