@@ -1,0 +1,1 @@
+"""The serving engine: sampling, batching, scheduling and the decode loop."""
