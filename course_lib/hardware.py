@@ -53,7 +53,7 @@ class DeviceInfo:
             return (f"GPU {self.name} (compute capability {cc}, {self.sm_count} SMs, "
                     f"{self.memory_gb:.0f} GB, L2 {self._cache()})")
         isa = ", ".join(self.isa) or "no AVX"
-        return (f"CPU {self.name}: {self.cores} logical cores ({self.threads} torch threads), "
+        return (f"CPU {self.name}: {self.cores} logical cores ({torch.get_num_threads()} torch threads now), "
                 f"{self.mhz or 0:.0f} MHz, LLC {self._cache()}, {self.memory_gb:.0f} GB RAM; ISA: {isa}; "
                 f"torch CPU kernels: {self.torch_cpu_capability}")
 
@@ -121,16 +121,57 @@ def _resolve_kind(device) -> str:
     return kind
 
 
-def cpu_theoretical_flops(info: DeviceInfo | None = None) -> float | None:
-    """fp32 FLOP/s a CPU could do if every core issued full-width FMAs every cycle at the
-    current clock: cores · Hz · FLOP/cycle, with 32 FLOP/cycle/core for AVX2+FMA and 64 for
-    AVX-512 with two FMA units (figures from ANCHORS.md). Returns None for a GPU or unknown clock.
-    It is an upper bound: turbo, shared cores and memory stalls move the real number."""
+def cpu_theoretical_flops(info: DeviceInfo | None = None, threads: int | None = None) -> float | None:
+    """fp32 FLOP/s a CPU could do if each core in use issued full-width FMAs every cycle at the
+    nominal clock: cores · Hz · FLOP/cycle, with 32 FLOP/cycle/core for AVX2+FMA and 64 for AVX-512
+    with two FMA units (figures from ANCHORS.md). ``threads`` (default: torch's current thread count,
+    at most the cores) is how many cores work. None for a GPU or an unknown clock. Turbo can push a
+    real run above it; memory stalls, throttling and other jobs keep it below."""
     info = info or detect_device("cpu")
     if info.kind != "cpu" or not info.mhz or not info.cores:
         return None
-    per_cycle = 64 if "avx512f" in info.isa else 32 if {"avx2", "fma"} <= set(info.isa) else 8
-    return info.cores * info.mhz * 1e6 * per_cycle
+    cores = min(info.cores, threads or torch.get_num_threads())
+    return cores * info.mhz * 1e6 * flop_per_cycle(info)
+
+
+def flop_per_cycle(info: DeviceInfo) -> int:
+    """fp32 FLOP per cycle per core from the ISA flags (ANCHORS.md): 64 AVX-512, 32 AVX2+FMA, else 8 (SSE)."""
+    return 64 if "avx512f" in info.isa else 32 if {"avx2", "fma"} <= set(info.isa) else 8
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(idle, total) jiffies of all CPUs from /proc/stat, or None where it does not exist."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return idle, sum(fields[:8])
+
+
+def idle_cores(interval: float = 0.25) -> float | None:
+    """How many cores sat idle over the last ``interval`` seconds (None where /proc/stat is missing)."""
+    import time
+
+    if not interval > 0:
+        raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
+    before = _cpu_times()
+    time.sleep(interval)
+    after = _cpu_times()
+    if before is None or after is None or after[1] == before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1)
+
+
+def timing_threads(idle: float | None = None) -> int:
+    """Threads to time CPU work with: all cores on an idle machine, only the idle ones on a shared one.
+    Asking OpenMP for more threads than there are free cores makes every parallel op wait, at its
+    closing barrier, for a thread the OS has descheduled — small ops then run 10x slower."""
+    cores = os.cpu_count() or 1
+    idle = idle_cores() if idle is None else idle
+    if idle is None:
+        return torch.get_num_threads()
+    return max(1, min(cores, int(idle + 0.5)))
 
 
 # ----------------------------------------------------------------------------- datasheet table
@@ -263,7 +304,7 @@ class MeasuredPeaks:
         return self.peak_flops(dtype) / self.bandwidth
 
 
-_PEAKS: dict[tuple[str, str], MeasuredPeaks] = {}
+_PEAKS: dict[tuple[str, str, int], MeasuredPeaks] = {}
 
 
 def reset() -> None:
@@ -275,7 +316,7 @@ def cached_peaks(device: str | None = None) -> MeasuredPeaks | None:
     """Peaks already measured this session for ``device``, or None — never measures."""
     from course_lib.mode import mode
 
-    return _PEAKS.get((_resolve_kind(device), mode()))
+    return _PEAKS.get((_resolve_kind(device), mode(), torch.get_num_threads()))
 
 
 def matmul_dtypes(device: str | None = None) -> tuple[str, ...]:
@@ -329,13 +370,13 @@ def measure_matmul(dtype: str = "fp32", *, n: int | None = None, device: str | N
     dev = _resolve_kind(device)
     if name not in matmul_dtypes(dev) and name != "fp16":
         raise ValueError(f"dtype must be one of {matmul_dtypes(dev)} for a matmul on {dev}, got {dtype!r}")
-    n = (pick(512, 2048) if dev == "cpu" else pick(2048, 8192)) if n is None else check_positive_int("n", n)
+    n = (pick(1024, 2048) if dev == "cpu" else pick(2048, 8192)) if n is None else check_positive_int("n", n)
     gen = torch.Generator(device=dev).manual_seed(0)
     x = torch.randn(n, n, generator=gen, device=dev).to(torch_dtype(name))
     w = torch.randn(n, n, generator=gen, device=dev).to(torch_dtype(name))
     cost = matmul_cost(n, n, n, name)
     return benchmark(lambda: x @ w, flops=cost.flops, bytes=cost.bytes, device=dev,
-                     label=f"matmul {n}^3 {name}", repeats=repeats or pick(10, 20), warmup=3, dtype=name, peaks=False)
+                     label=f"matmul {n}^3 {name}", repeats=repeats or pick(10, 20), warmup=2, dtype=name, peaks=False)
 
 
 def measured_peaks(device: str | None = None, *, refresh: bool = False) -> MeasuredPeaks:
@@ -344,7 +385,7 @@ def measured_peaks(device: str | None = None, *, refresh: bool = False) -> Measu
     from course_lib.mode import mode
 
     dev = _resolve_kind(device)
-    key = (dev, mode())
+    key = (dev, mode(), torch.get_num_threads())  # a change of thread count is a different machine
     if refresh or key not in _PEAKS:
         n_bytes = default_array_bytes(dev)
         copy = measure_bandwidth("copy", n_bytes=n_bytes, device=dev)
@@ -354,7 +395,7 @@ def measured_peaks(device: str | None = None, *, refresh: bool = False) -> Measu
         for dt in matmul_dtypes(dev):
             # bf16 on a CPU without native bf16 FMA is ~10x slower: a smaller size keeps quick mode quick.
             slow = dev == "cpu" and dt != "fp32" and "avx512_bf16" not in detect_device("cpu").isa
-            n = (pick(256, 1024) if slow else pick(512, 2048)) if dev == "cpu" else pick(2048, 8192)
+            n = (pick(256, 1024) if slow else pick(1024, 2048)) if dev == "cpu" else pick(2048, 8192)
             t = measure_matmul(dt, n=n, device=dev)
             sizes[dt] = n
             tflops[dt] = t.rate(t.flops, best=True) / 1e12  # best of the repeats, as STREAM reports

@@ -17,7 +17,7 @@ from course_lib.dtypes import canonical, torch_dtype
 
 def tiny_llama(*, hidden_size: int = 1024, intermediate_size: int = 2816, num_layers: int = 4,
                num_heads: int = 8, num_kv_heads: int = 8, vocab_size: int = 4096, dtype: str = "fp32",
-               seed: int = 0):
+               seed: int = 0, device: str = "cpu"):
     """A ``LlamaForCausalLM`` with random weights (no download) and its accounting ``ModelShape``.
     The default is ~59M parameters: 236 MB in fp32, far larger than a CPU's last-level cache, so a
     decode step really streams its weights from DRAM."""
@@ -38,7 +38,7 @@ def tiny_llama(*, hidden_size: int = 1024, intermediate_size: int = 2816, num_la
                          tie_word_embeddings=False)
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(tdt).eval()
+    model = LlamaForCausalLM(config).to(device=device, dtype=tdt).eval()
     return model, ModelShape.from_config(config, name="tiny-llama")
 
 
@@ -51,7 +51,7 @@ def _cache_kw(model) -> str:
 
 def _ids(model, batch: int, n: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, model.config.vocab_size, (batch, n), generator=gen)  # (B, T)
+    return torch.randint(0, model.config.vocab_size, (batch, n), generator=gen).to(model.device)  # (B, T)
 
 
 @torch.inference_mode()
@@ -65,7 +65,7 @@ def time_prefill(model, shape, *, batch: int, n_tokens: int, dtype: str = "fp32"
     ids = _ids(model, batch, n_tokens, seed=1)  # (B, T)
     flops = prefill_flops(shape, n_tokens, batch)
     moved = weight_bytes(shape, dtype) + kv_bytes_per_token(shape, dtype) * n_tokens * batch
-    return benchmark(lambda: model(input_ids=ids, use_cache=False), flops=flops, bytes=moved, device="cpu",
+    return benchmark(lambda: model(input_ids=ids, use_cache=False), flops=flops, bytes=moved, device=model.device.type,
                      label=f"prefill b={batch} T={n_tokens}", dtype=dtype, repeats=repeats, warmup=1)
 
 
@@ -90,7 +90,7 @@ def time_decode(model, shape, *, batch: int, context_len: int = 16, dtype: str =
         cache.crop(-1)  # drop the token just added: every call sees the same context
 
     return benchmark(one_step, flops=decode_flops(shape, context_len, batch),
-                     bytes=decode_step_bytes(shape, context_len, batch, dtype), device="cpu",
+                     bytes=decode_step_bytes(shape, context_len, batch, dtype), device=model.device.type,
                      label=f"decode b={batch} ctx={context_len}", dtype=dtype, repeats=repeats, warmup=1)
 
 

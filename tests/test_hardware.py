@@ -99,12 +99,11 @@ def test_cpu_theoretical_flops_counts_isa():
     base = dict(kind="cpu", name="x", memory_gb=1.0, cores=2, mhz=1000.0)
     avx2 = hardware.DeviceInfo(isa=("avx2", "fma"), **base)
     avx512 = hardware.DeviceInfo(isa=("avx2", "fma", "avx512f"), **base)
-    assert hardware.cpu_theoretical_flops(avx2) == 2 * 1e9 * 32
-    assert hardware.cpu_theoretical_flops(avx512) == 2 * avx2_flops(avx2)
-
-
-def avx2_flops(info):
-    return hardware.cpu_theoretical_flops(info)
+    assert hardware.cpu_theoretical_flops(avx2, threads=2) == 2 * 1e9 * 32
+    assert hardware.cpu_theoretical_flops(avx512, threads=2) == 2 * hardware.cpu_theoretical_flops(avx2, threads=2)
+    assert hardware.cpu_theoretical_flops(avx2, threads=1) == 1e9 * 32
+    assert hardware.cpu_theoretical_flops(avx2, threads=8) == 2 * 1e9 * 32  # never more cores than exist
+    assert hardware.cpu_theoretical_flops(hardware.DeviceInfo("cuda", "g", 1.0)) is None
 
 
 def test_interpreter_set_without_cuda():
@@ -185,3 +184,16 @@ def test_real_peaks_are_plausible():
     triad_flops = peaks.triad_gbs * 1e9 * (2 / 12)  # triad: 2 FLOPs per 12 bytes
     assert peaks.peak_flops("fp32") > 3 * triad_flops
     hardware.reset()
+
+
+def test_timing_threads_follow_idle_cores():
+    import os
+
+    cores = os.cpu_count()
+    assert hardware.timing_threads(idle=0.0) == 1  # a busy machine: one thread, never zero
+    assert hardware.timing_threads(idle=float(cores)) == cores
+    assert hardware.timing_threads(idle=cores + 5.0) == cores
+    idle = hardware.idle_cores(0.05)
+    assert idle is None or 0 <= idle <= cores + 1e-6
+    with pytest.raises(ValueError, match="interval must be > 0"):
+        hardware.idle_cores(0)

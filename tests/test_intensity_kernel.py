@@ -45,6 +45,19 @@ def test_paths_agree_and_shape_kept():
     torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("path", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_out_parameter(path):
+    x = _x(100, torch.float32)
+    out = torch.empty_like(x)
+    y = intensity(x, 3, path=path, out=out, block=64)
+    assert y.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out, intensity_ref(x, 3))
+    with pytest.raises(ValueError, match="out must be a tensor of x's shape"):
+        intensity(x, 3, path=path, out=torch.empty(99))
+    with pytest.raises(ValueError, match="out must be a tensor"):
+        intensity(x, 3, path=path, out=torch.empty(100, dtype=torch.float16))
+
+
 def test_reference_really_changes_with_k():
     x = _x(64, torch.float32)
     assert not torch.allclose(intensity_ref(x, 1), intensity_ref(x, 2))

@@ -93,16 +93,28 @@ def resolve_path(path: str, device: torch.device) -> str:
     return path
 
 
+def _check_out(out, x) -> None:
+    if out is None:
+        return
+    if not isinstance(out, torch.Tensor) or out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
+        raise ValueError(f"out must be a tensor of x's shape {tuple(x.shape)}, dtype {x.dtype} and device {x.device}")
+    if not out.is_contiguous():
+        raise ValueError(f"out must be contiguous (strides {out.stride()})")
+
+
 def intensity(x: torch.Tensor, k: int, *, a: float = 0.9, b: float = 0.1, block: int = 1024,
-              path: str = "auto") -> torch.Tensor:
+              path: str = "auto", out: torch.Tensor | None = None) -> torch.Tensor:
     """``y = x; repeat k: y = y·a + b`` elementwise. ``path``: 'auto', 'triton' (GPU, or the
-    interpreter on CPU) or 'torch' (the cache-blocked fallback). Checks run before any allocation."""
+    interpreter on CPU) or 'torch' (the cache-blocked fallback). ``out``: a preallocated result
+    (timing loops pass one, so that page faults of a fresh CPU allocation are not timed).
+    Checks run before any allocation."""
     _check_input(x, k)
     block = _check_block(block)
+    _check_out(out, x)
     path = resolve_path(path, x.device)
     if path == "torch":
-        return intensity_torch(x, k, a=a, b=b)
-    y = torch.empty_like(x)
+        return intensity_torch(x, k, a=a, b=b, out=out)
+    y = torch.empty_like(x) if out is None else out
     n = x.numel()
     grid = (triton.cdiv(n, block),)
     _intensity_kernel[grid](x, y, n, float(a), float(b), K=k, BLOCK=block)
@@ -110,13 +122,15 @@ def intensity(x: torch.Tensor, k: int, *, a: float = 0.9, b: float = 0.1, block:
 
 
 # ----------------------------------------------------------------------------- 4. torch fallback
-def intensity_torch(x: torch.Tensor, k: int, *, a: float = 0.9, b: float = 0.1, chunk: int = 1 << 16) -> torch.Tensor:
+def intensity_torch(x: torch.Tensor, k: int, *, a: float = 0.9, b: float = 0.1, chunk: int = 1 << 16,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """Same math as the kernel with torch ops, processed in chunks that stay in the CPU's cache:
     memory traffic is one read of x and one write of y, as in the fused kernel."""
     _check_input(x, k)
     check_positive_int("chunk", chunk)
+    _check_out(out, x)
     flat = x.reshape(-1)  # (n,) view: x is contiguous
-    y = torch.empty_like(flat)
+    y = torch.empty_like(flat) if out is None else out.view(-1)
     buf = torch.empty(min(chunk, flat.numel()), dtype=torch.float32, device=x.device)  # (chunk,) cache-resident
     for start in range(0, flat.numel(), chunk):
         piece = buf[: min(chunk, flat.numel() - start)]
@@ -128,7 +142,8 @@ def intensity_torch(x: torch.Tensor, k: int, *, a: float = 0.9, b: float = 0.1, 
 
 
 # ----------------------------------------------------------------------------- sweep
-def intensity_sweep(ks, *, n: int, dtype: str = "fp32", device=None, path: str = "auto", repeats: int | None = None):
+def intensity_sweep(ks, *, n: int, dtype: str = "fp32", device=None, path: str = "auto", repeats: int | None = None,
+                    warmup: int | None = None):
     """Time the kernel for each k in ``ks`` on n elements; returns ``[(k, bench.Timing)]`` with the
     counted FLOPs and bytes, ready for ``roofline.Point.from_timing``."""
     from course_lib.bench import benchmark
@@ -146,10 +161,11 @@ def intensity_sweep(ks, *, n: int, dtype: str = "fp32", device=None, path: str =
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     chosen = resolve_path(path, dev)
     x = torch.rand(n, generator=torch.Generator(device=dev).manual_seed(0), device=dev).to(torch_dtype(name))
+    y = torch.zeros_like(x)  # written by every call: allocated (and its pages touched) once, outside the clock
     results = []
     for k in ks:
         cost = fma_chain_cost(n, k, name)
-        timing = benchmark(lambda k=k: intensity(x, k, path=chosen), flops=cost.flops, bytes=cost.bytes,
-                           device=dev.type, label=f"fma-chain k={k} ({chosen})", dtype="fp32", repeats=repeats)
+        timing = benchmark(lambda k=k: intensity(x, k, path=chosen, out=y), flops=cost.flops, bytes=cost.bytes,
+                           device=dev.type, label=f"fma-chain k={k} ({chosen})", dtype="fp32", repeats=repeats, warmup=warmup)
         results.append((k, timing))
     return results
