@@ -123,12 +123,18 @@ cells = [
     estimate, throttling and other jobs push it below. On a GPU the datasheet plays this role.
     """),
     code("""
-        theory_flops = hardware.cpu_theoretical_flops() if device.kind == "cpu" else (spec.peak_flops("bf16") if spec else None)
+        def ceiling(dt):  # predicted compute ceiling: ISA estimate (fp32 on a CPU) or the datasheet (GPU)
+            if device.kind == "cpu":
+                return hardware.cpu_theoretical_flops() if dt == "fp32" else None
+            return spec.peak_flops(dt) if spec else None
+
+        MAIN = "fp32" if device.kind == "cpu" else "bf16"  # the dtype this device is fast at
+        theory_flops = ceiling(MAIN)
         if theory_flops:
             print(f"theoretical peak: {theory_flops / 1e9:,.0f} GFLOP/s "
                   + (f"= {min(device.cores, torch.get_num_threads())} core(s) x {device.mhz:.0f} MHz x "
                      f"{hardware.flop_per_cycle(device)} FLOP/cycle (ISA: {', '.join(device.isa)})"
-                     if device.kind == "cpu" else "(datasheet bf16)"))
+                     if device.kind == "cpu" else f"(datasheet {MAIN})"))
         else:
             print("no theoretical peak for this device: measurement only")
         """, "ignore"),
@@ -202,7 +208,8 @@ cells = [
         print(f"STREAM copy : {peaks.copy_gbs:7.2f} GB/s   (arrays of {peaks.array_bytes / 2**20:.0f} MiB)")
         print(f"STREAM triad: {peaks.triad_gbs:7.2f} GB/s")
         for dt, tf in peaks.matmul_tflops.items():
-            print(f"matmul {dt:<5}: {tf * 1e3:9.2f} GFLOP/s" + (f"  = {tf * 1e12 / theory_flops:.0%} of the theoretical peak" if theory_flops and dt == "fp32" else ""))
+            c = ceiling(dt)
+            print(f"matmul {dt:<5}: {tf * 1e3:9.2f} GFLOP/s" + (f"  = {tf * 1e12 / c:.0%} of the predicted ceiling" if c else ""))
         for dt in peaks.matmul_tflops:
             print(f"ridge point ({dt}): {peaks.ridge(dt):.2f} FLOP/byte")
         """, "ignore"),
@@ -215,8 +222,9 @@ cells = [
     """),
     code("""
         triad = hardware.measure_bandwidth("triad")
-        mm = {dt: hardware.measure_matmul(dt, n=n) for dt, n in (("fp32", peaks.matmul_n), ("bf16", 256))}
-        roofs = [roofline.Roof.from_measured(peaks, "fp32", "this machine fp32 (measured)"),
+        small = 256 if device.kind == "cpu" else peaks.matmul_n  # bf16 is emulated (slow) on most CPUs
+        mm = {dt: hardware.measure_matmul(dt, n=peaks.matmul_n if dt == MAIN else small) for dt in peaks.matmul_tflops}
+        roofs = [roofline.Roof.from_measured(peaks, MAIN, f"this machine {MAIN} (measured)"),
                  roofline.Roof.from_spec("H100 SXM"), roofline.Roof.from_spec("A100 80GB SXM"),
                  roofline.Roof.from_spec("L4"), roofline.Roof.from_spec("T4", "fp16")]
         points = [roofline.Point.from_timing(triad, "STREAM triad"),
@@ -231,7 +239,7 @@ cells = [
     code("""
         fp32, bf16 = peaks.matmul_tflops["fp32"], peaks.matmul_tflops["bf16"]
         if theory_flops:
-            print(f"fp32 matmul reached {fp32 * 1e12 / theory_flops:.0%} of the theoretical ceiling")
+            print(f"{MAIN} matmul reached {peaks.matmul_tflops[MAIN] * 1e12 / theory_flops:.0%} of the predicted ceiling")
         print(f"bf16 matmul runs at {bf16 / fp32:.3g}x the speed of fp32 on this device")
         print(f"triad / copy bandwidth: {peaks.triad_gbs / peaks.copy_gbs:.2f}")
         """, "ignore"),
@@ -249,10 +257,10 @@ cells = [
     """),
     md("The ridge points side by side, and where a triad falls:"),
     code("""
-        print(f"this machine: ridge {peaks.ridge('fp32'):.1f} FLOP/byte (fp32, measured); "
+        print(f"this machine: ridge {peaks.ridge(MAIN):.1f} FLOP/byte ({MAIN}, measured); "
               f"H100 bf16: {hardware.gpu_spec('H100 SXM').ridge('bf16'):.0f} FLOP/byte (datasheet)")
         print(f"a triad does {costs.triad_cost(1).intensity:.3f} FLOP/byte: "
-              f"{roofline.bound(costs.triad_cost(1).intensity, peaks.peak_flops('fp32'), peaks.bandwidth)} here, "
+              f"{roofline.bound(costs.triad_cost(1).intensity, peaks.peak_flops(MAIN), peaks.bandwidth)} here, "
               f"and on every GPU in the table")
         """, "ignore"),
     md("### Record the headline figures (they go into `build/REPORT.md`)"),
@@ -261,10 +269,8 @@ cells = [
         record("00_setup", "stream_triad", peaks.triad_gbs, "GB/s")
         for dt, tf in peaks.matmul_tflops.items():
             record("00_setup", f"matmul_{dt}", tf * 1e3, "GFLOP/s",
-                   theory=theory_flops / 1e9 if (theory_flops and dt == "fp32" and device.kind == "cpu") else None)
-        rec = record("00_setup", "ridge_fp32" if device.kind == "cpu" else "ridge_bf16",
-                     peaks.ridge("fp32" if device.kind == "cpu" else "bf16"), "FLOP/byte",
-                     theory=spec.ridge("bf16") if spec else None)
+                   theory=ceiling(dt) / 1e9 if ceiling(dt) else None)
+        rec = record("00_setup", f"ridge_{MAIN}", peaks.ridge(MAIN), "FLOP/byte", theory=spec.ridge(MAIN) if spec else None)
         print(f"recorded on {rec.machine}")
         """, "ignore"),
     md("""

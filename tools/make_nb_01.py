@@ -7,8 +7,8 @@ cells = [
     md("""
     # 01 · Bottlenecks: compute-bound or bandwidth-bound?
 
-    A GPU that does a thousand TFLOP/s generates text from a 7-billion-parameter model at a few hundred
-    tokens per second — orders of magnitude below what its FLOPs suggest. The reason is the central fact of
+    A GPU generating text from a 7-billion-parameter model uses a tiny fraction of its FLOP/s — the first
+    cell of section 1 does the arithmetic on a published measurement. The reason is the central fact of
     LLM inference: generating one token (decode) does very little arithmetic per byte it reads, so it is
     limited by memory bandwidth, while processing a prompt (prefill) reuses each byte many times and is
     limited by compute. This chapter measures both on this machine, puts them on its roofline, and watches
@@ -66,7 +66,21 @@ cells = [
     The roofline draws this: attainable FLOP/s = min(peak, intensity × bandwidth), with the corner — the
     *ridge point* — at the hardware arithmetic intensity.
 
-    We measure this machine's roof first (chapter 00 explains how; the result is cached for the session).
+    A published measurement (ANCHORS.md, from the gpt-fast README: Llama-2-7B in fp16 at batch 1 on an
+    A100-80GB, power-limited to 330 W) shows where decode sits. How much of the A100's compute and of its
+    bandwidth does it use?
+    """),
+    code("""
+        GPT_FAST_TOK_S = 104.9  # ANCHORS.md, gpt-fast README: Llama-2-7B fp16, batch 1, A100-80GB
+        a100, llama7b = hardware.gpu_spec("A100 80GB SXM"), accounting.ModelShape.from_name("llama-2-7b")
+        flops_used = accounting.decode_flops(llama7b, 1) * GPT_FAST_TOK_S
+        bytes_used = accounting.weight_bytes(llama7b, "fp16") * GPT_FAST_TOK_S
+        print(f"compute:   {flops_used / 1e12:5.2f} TFLOP/s of {a100.tflops['fp16']:g} = {flops_used / a100.peak_flops('fp16'):.2%}")
+        print(f"bandwidth: {bytes_used / 1e9:5.0f} GB/s of {a100.hbm_tbps * 1e3:g} = {bytes_used / a100.bandwidth:.0%}")
+        """, "check"),
+    md("""
+    Most of the bandwidth, a sliver of the compute: decode is bandwidth-bound. We measure this
+    machine's roof next (chapter 00 explains how; the result is cached for the session).
     """),
     code("""
         peaks = hardware.measured_peaks()
@@ -404,7 +418,8 @@ cells = [
     s = accounting.ModelShape.from_name("llama-2-7b")
     answer = accounting.decode_flops(s, 512, 8) / accounting.decode_step_bytes(s, 512, 8, "bf16")
     ```
-    Close to 8 FLOP/byte minus what the KV caches cost: every sequence reads its own cache.
+    Close to the batch size (2 FLOPs per 2-byte weight, per sequence), minus what the KV caches cost:
+    every sequence reads its own cache.
     </details>
 
     **Exercise 3.** With a one-token context, what is the smallest batch at which a Llama-2-7B bf16 decode
@@ -436,8 +451,8 @@ cells = [
     md("""
     <details><summary>Answer</summary>
 
-    `"compute-bound"`: 512 tokens reuse each weight 512 times, giving an intensity in the hundreds, above
-    the A100's ridge (`llm_phases("A100 80GB SXM", "llama-2-7b", prompt_len=512).prefill`).
+    `"compute-bound"`: 512 tokens reuse each weight 512 times, an intensity far above the A100's ridge
+    (section 6 printed the H100 case) (`llm_phases("A100 80GB SXM", "llama-2-7b", prompt_len=512).prefill`).
     </details>
 
     ## Summary
