@@ -69,7 +69,7 @@ def plot_roofline(roofs: Iterable[Roof], points: Iterable[Point] = (), *, ax=Non
     ax.set_ylabel("FLOP/s")
     ax.set_title(title or "Roofline")
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=7, loc="upper left")  # the impossible corner: high FLOP/s at low intensity
+    ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     return fig, ax
 

@@ -90,8 +90,8 @@ cells = [
     waits for arithmetic — **compute-bound**. On a roofline plot it is the x-coordinate of the corner
     (the "ridge") where the sloped bandwidth roof meets the flat compute roof.
 
-    *Predict* before reading on: an H100 does about a thousand bf16 TFLOP/s and moves a few TB/s. How many
-    FLOPs must a kernel do per byte to keep its tensor cores busy?
+    *Predict* before reading on, from the H100 row of the table above (about a thousand bf16 TFLOP/s, a few
+    TB/s): how many FLOPs must a kernel do per byte to keep its tensor cores busy?
     """),
     code("""
         h100 = hardware.gpu_spec("H100 SXM")

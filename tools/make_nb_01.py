@@ -263,7 +263,7 @@ cells = [
             print(t)
         """, "ignore"),
     code("""
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=plots.DPI)
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.6), dpi=plots.DPI)
         pts = [Point.from_timing(t, f"decode b={b}") for b, t in dec.items()] + \\
               [Point.from_timing(t, f"prefill T={T}") for T, t in pre.items()]
         plots.plot_roofline([roof], pts, ax=ax1, predicted=False, intensity_range=(0.1, 1000),
@@ -272,7 +272,8 @@ cells = [
                                       [b / min_time(*pred_decode[b], roof.peak_flops, roof.bandwidth) for b in batches],
                                       xlabel="decode batch", ylabel="tokens / s", ax=ax2,
                                       title="decode throughput vs ceiling")
-        ax1.legend(fontsize=6, loc="upper left", ncol=2)
+        ax1.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))  # below: keep the points visible
+        fig.tight_layout()
         plt.show()
         """, "ignore"),
     code("""
@@ -451,8 +452,8 @@ cells = [
     md("""
     <details><summary>Answer</summary>
 
-    `"compute-bound"`: 512 tokens reuse each weight 512 times, an intensity far above the A100's ridge
-    (section 6 printed the H100 case) (`llm_phases("A100 80GB SXM", "llama-2-7b", prompt_len=512).prefill`).
+    `"compute-bound"`: 512 tokens reuse each weight 512 times, an intensity far above the A100's ridge;
+    section 6 printed the H100 case; for the A100 see `llm_phases("A100 80GB SXM", "llama-2-7b", prompt_len=512).prefill`.
     </details>
 
     ## Summary
