@@ -19,6 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+#: tokens of the validation split the tests re-measure (the full split takes too long for CI)
+CHECK_TOKENS = 16_384
+
 PROMPTS = (
     "def fibonacci(n):",
     "import os\nimport sys\n\n",
@@ -94,12 +97,13 @@ def measure(max_tokens: int = 1_000_000) -> dict:
     tokenizer = models["tiny-target"][1]
     val = token_ids(tokenizer, "val")
     result: dict = {"python": sys.version.split()[0], "torch": torch.__version__, "machine": platform.machine(),
-                    "val_tokens": int(len(val)), "models": {}}
+                    "val_tokens": int(len(val)), "check_tokens": CHECK_TOKENS, "models": {}}
     from course_lib.report import machine_name
 
     result["measured_on"] = machine_name()
     for name, (model, tok) in models.items():
         info = evaluate(model, val, max_tokens=max_tokens)
+        info["check_perplexity"] = evaluate(model, val, max_tokens=CHECK_TOKENS)["perplexity"]
         info["params"] = sum(p.numel() for p in model.parameters())
         info["decode_tok_s_hf_generate"] = generate_speed(model, tok)
         info["samples"] = {p: greedy_sample(model, tok, p) for p in PROMPTS}

@@ -88,7 +88,7 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
 
 def train(model_name: str, out: Path, tokenizer_dir: Path, steps: int, batch: int, seq_len: int, lr: float,
           seed: int, eval_every: int, threads: int | None = None, command: str = "",
-          eval_tokens: int = 1_000_000) -> dict:
+          eval_tokens: int = 1_000_000, init_from: Path | None = None, start_step: int = 0) -> dict:
     from tqdm.auto import tqdm
     from transformers import LlamaForCausalLM
 
@@ -105,16 +105,26 @@ def train(model_name: str, out: Path, tokenizer_dir: Path, steps: int, batch: in
     if seq_len > spec.max_position:
         raise ValueError(f"seq_len {seq_len} exceeds the model's max_position {spec.max_position}")
     config = spec.to_config(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
-    model = LlamaForCausalLM(config)
+    previous: dict = {}
+    if init_from is not None:  # continue a run (e.g. with another thread count): weights + LR schedule position
+        model = LlamaForCausalLM.from_pretrained(str(init_from), dtype=torch.float32)
+        if (Path(init_from) / "train_log.json").exists():
+            previous = json.loads((Path(init_from) / "train_log.json").read_text())
+    else:
+        model = LlamaForCausalLM(config)
+    if not 0 <= start_step < steps:
+        raise ValueError(f"start_step must be in [0, steps={steps}), got {start_step}")
     train_ids, val_ids = token_ids(tokenizer, "train"), token_ids(tokenizer, "val")
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.95), eps=1e-8)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed + start_step)  # a resumed run draws fresh windows
     warmup = max(1, min(100, steps // 10))
-    log: list[dict] = []
-    start = time.perf_counter()
+    log: list[dict] = list(previous.get("log", []))
+    wall_before = log[-1]["wall_s"] if log else 0.0
+    commands = previous.get("commands", [previous["command"]] if "command" in previous else []) + [command]
+    start = time.perf_counter() - wall_before
     out.mkdir(parents=True, exist_ok=True)
 
     def save(step: int, final: bool) -> dict:
@@ -125,7 +135,7 @@ def train(model_name: str, out: Path, tokenizer_dir: Path, steps: int, batch: in
         model.save_pretrained(str(out))
         tokenizer.save_pretrained(str(out))
         info = {
-            "model": model_name, "command": command, "steps": steps, "batch": batch, "seq_len": seq_len,
+            "model": model_name, "command": " && ".join(commands), "commands": commands, "steps": steps, "batch": batch, "seq_len": seq_len,
             "lr": lr, "seed": seed, "threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": sys.version.split()[0], "train_tokens": int(len(train_ids)), "val_tokens": int(len(val_ids)),
             "tokens_seen": step * batch * seq_len, "params": sum(p.numel() for p in model.parameters()),
@@ -135,11 +145,12 @@ def train(model_name: str, out: Path, tokenizer_dir: Path, steps: int, batch: in
         return metrics
 
     model.train()
-    bar = tqdm(range(steps), desc=f"train {model_name}", mininterval=5)
+    bar = tqdm(range(start_step, steps), desc=f"train {model_name}", mininterval=5, initial=start_step, total=steps)
     ema = None
     for step in bar:
+        rewarm = min(1.0, (step - start_step + 1) / 20) if start_step else 1.0  # fresh Adam moments: ease in
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, lr, warmup)
+            group["lr"] = lr_at(step, steps, lr, warmup) * rewarm
         x, y = get_batch(train_ids, batch, seq_len, gen)
         logits = model(input_ids=x).logits  # (B, T, V)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
@@ -149,7 +160,7 @@ def train(model_name: str, out: Path, tokenizer_dir: Path, steps: int, batch: in
         opt.step()
         ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
         bar.set_postfix(loss=f"{ema:.3f}")
-        if (step + 1) % eval_every == 0 and step + 1 < steps:
+        if (step + 1) % eval_every == 0 and step + 1 < steps and step + 1 > start_step:
             metrics = save(step + 1, final=False)
             bar.write(f"step {step + 1}: train~{ema:.3f} val loss {metrics['loss']:.3f} ppl {metrics['perplexity']:.2f}")
     final = save(steps, final=True)
@@ -177,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     p_train.add_argument("--eval-every", type=int, default=250)
     p_train.add_argument("--threads", type=int, default=None)
     p_train.add_argument("--eval-tokens", type=int, default=1_000_000, help="validation tokens for the final evaluation")
+    p_train.add_argument("--init-from", type=Path, default=None, help="checkpoint folder to continue from")
+    p_train.add_argument("--start-step", type=int, default=0, help="with --init-from: the step it stopped at")
     p_train.add_argument("--smoke", action="store_true", help="tiny model, 5 steps: checks the pipeline in seconds")
     args = parser.parse_args(argv)
     command = "python -m course_lib.models.train " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
@@ -191,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         args.model, args.steps, args.batch, args.seq_len, args.eval_every = "smoke", 5, 2, 32, 5
         args.eval_tokens = 2048
     result = train(args.model, args.out, tok_dir, args.steps, args.batch, args.seq_len, args.lr, args.seed,
-                   args.eval_every, args.threads, command, args.eval_tokens)
+                   args.eval_every, args.threads, command, args.eval_tokens,
+                   args.init_from, args.start_step)
     print(json.dumps(result, indent=1))
     return 0
 

@@ -1,0 +1,83 @@
+"""Decode speed of our engine vs Hugging Face ``generate`` on the same model, inputs and machine.
+
+Decode time per step is measured as (time to generate N tokens − time to generate 1 token) / (N−1):
+the prefill and set-up cancel, what is left is the bandwidth-bound decode loop. MBU compares the
+bytes a step must move (every weight + the KV cache read) with the measured memory bandwidth.
+Used by ``benchmarks/engine_vs_hf.py`` and 02_metrics.ipynb.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from course_lib.bench import benchmark
+from course_lib.engine.generate import Engine
+from course_lib.engine.sampling import SamplingParams
+from course_lib.models.accounting import ModelShape, kv_bytes_per_token, weight_bytes
+
+PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n"
+
+
+@dataclass
+class DecodeRow:
+    batch: int
+    engine_tok_s: float
+    hf_tok_s: float
+    ratio: float  # engine / HF
+    step_ms_engine: float
+    step_ms_hf: float
+    bytes_per_step: float
+    mbu_engine: float | None  # vs the measured bandwidth; None if not given
+
+
+def _step_time(run, new_tokens: int, repeats: int) -> float:
+    long = benchmark(lambda: run(new_tokens), warmup=1, repeats=repeats, label="N tokens")
+    short = benchmark(lambda: run(1), warmup=1, repeats=repeats, label="1 token")
+    return max(long.median_s - short.median_s, 1e-9) / (new_tokens - 1)
+
+
+@torch.inference_mode()
+def engine_vs_hf(engine: Engine, batches=(1, 8), new_tokens: int = 64, repeats: int = 3,
+                 bandwidth_bytes_per_s: float | None = None, prompt: str = PROMPT) -> list[DecodeRow]:
+    """Decode tokens/s (all sequences together) of ``engine`` and of ``engine.hf_model.generate``."""
+    if not isinstance(new_tokens, int) or new_tokens < 2:
+        raise ValueError(f"new_tokens must be an int ≥ 2 (we subtract a 1-token run), got {new_tokens!r}")
+    if not batches or any(not isinstance(b, int) or b <= 0 for b in batches):
+        raise ValueError(f"batches must be positive ints, got {batches!r}")
+    hf, tok = engine.hf_model, engine.tokenizer
+    shape = ModelShape.from_config(hf.config)
+    dtype = str(engine.model.dtype).removeprefix("torch.")
+    ids = tok(prompt, return_tensors="pt")["input_ids"].to(engine.device)
+    rows = []
+    for b in batches:
+        prompts = [prompt] * b
+
+        def ours(n: int) -> None:
+            engine.generate(prompts, SamplingParams(max_new_tokens=n, ignore_eos=True))
+
+        def theirs(n: int) -> None:
+            hf.generate(input_ids=ids.expand(b, -1), attention_mask=torch.ones_like(ids).expand(b, -1),
+                        max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id)
+
+        t_ours = _step_time(ours, new_tokens, repeats)
+        t_hf = _step_time(theirs, new_tokens, repeats)
+        context = ids.shape[1] + new_tokens / 2  # average keys per step
+        moved = weight_bytes(shape, dtype) + kv_bytes_per_token(shape, dtype) * context * b
+        mbu = moved / t_ours / bandwidth_bytes_per_s if bandwidth_bytes_per_s else None
+        rows.append(DecodeRow(b, b / t_ours, b / t_hf, t_hf / t_ours, t_ours * 1e3, t_hf * 1e3, moved, mbu))
+    return rows
+
+
+def format_rows(rows: list[DecodeRow]) -> str:
+    head = f"{'batch':>5} {'engine tok/s':>13} {'HF tok/s':>10} {'ratio':>6} {'step ms (ours/HF)':>18} {'MBU':>7}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        mbu = f"{r.mbu_engine:.1%}" if r.mbu_engine is not None else "—"
+        lines.append(f"{r.batch:>5} {r.engine_tok_s:>13.1f} {r.hf_tok_s:>10.1f} {r.ratio:>5.2f}x "
+                     f"{r.step_ms_engine:>8.2f} / {r.step_ms_hf:<7.2f} {mbu:>7}")
+    return "\n".join(lines)
+
+
+def as_dicts(rows: list[DecodeRow]) -> list[dict]:
+    return [asdict(r) for r in rows]
