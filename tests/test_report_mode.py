@@ -3,17 +3,18 @@ import json
 
 import pytest
 
-from course_lib import mode, paths, report
+from course_lib import paths, report
+from course_lib.mode import is_quick, mode, pick
 
 
 def test_mode_switch(monkeypatch):
     monkeypatch.setenv("COURSE_MODE", "quick")
-    assert mode.is_quick() and mode.pick(1, 2) == 1
+    assert is_quick() and pick(1, 2) == 1
     monkeypatch.setenv("COURSE_MODE", "FULL")
-    assert not mode.is_quick() and mode.pick(1, 2) == 2
+    assert not is_quick() and pick(1, 2) == 2
     monkeypatch.setenv("COURSE_MODE", "fast")
     with pytest.raises(ValueError, match="COURSE_MODE"):
-        mode.mode()
+        mode()
 
 
 def test_repo_root_and_override(tmp_path, monkeypatch):
