@@ -25,8 +25,11 @@ class ContiguousKVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # tokens stored per row
+        self._host_lengths = [0] * batch  # the same numbers on the host: no device sync to read them
         self.max_len = max_len
         self._write_idx: torch.Tensor | None = None  # (B, T) slots written by the step in flight
+        self._write_start: int | None = None  # when every row starts at the same slot: a plain slice write
+        self._end = 0  # one past the last slot written by this step, over all rows
         self._rows = torch.arange(batch, device=device)[:, None]  # (B, 1)
 
     @property
@@ -41,11 +44,19 @@ class ContiguousKVCache:
         """Begin a step of ``n_new`` tokens per row; returns their absolute positions (B, n_new)."""
         if n_new <= 0:
             raise ValueError(f"n_new must be positive, got {n_new}")
+        self._end = max(self._host_lengths) + n_new
+        if self._end > self.max_len:
+            raise ValueError(f"KV cache full: a row would reach position {self._end - 1} >= max_len {self.max_len}")
+        uniform = min(self._host_lengths) == max(self._host_lengths)
+        self._write_start = self._host_lengths[0] if uniform else None
         pos = self.lengths[:, None] + torch.arange(n_new, device=self.lengths.device)  # (B, T)
-        if int(pos.max()) >= self.max_len:
-            raise ValueError(f"KV cache full: a row would reach position {int(pos.max())} >= max_len {self.max_len}")
         self._write_idx = pos
         return pos
+
+    @property
+    def uniform_step(self) -> bool:
+        """True when every row of the step in flight starts at the same position (no ragged mask needed)."""
+        return self._write_start is not None
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this step's k, v (B, kv_heads, T, head_dim); return all keys/values (B, kv_heads, L, head_dim)
@@ -53,15 +64,23 @@ class ContiguousKVCache:
         idx = self._write_idx
         if idx is None:
             raise RuntimeError("call positions_for() before update()")
-        # advanced indices (B,1) and (B,T) around a slice: the value is laid out (B, T, kv_heads, head_dim)
-        self.k[layer][self._rows, :, idx] = k.transpose(1, 2)
-        self.v[layer][self._rows, :, idx] = v.transpose(1, 2)
-        end = int(idx[:, -1].max()) + 1
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        if self._write_start is not None:  # all rows aligned: a slice copy
+            start, stop = self._write_start, self._write_start + k.shape[2]
+            self.k[layer][:, :, start:stop] = k
+            self.v[layer][:, :, start:stop] = v
+        else:  # ragged rows: advanced indices (B,1) and (B,T) around a slice; value laid out (B, T, kv_heads, hd)
+            self.k[layer][self._rows, :, idx] = k.transpose(1, 2)
+            self.v[layer][self._rows, :, idx] = v.transpose(1, 2)
+        return self.k[layer][:, :, :self._end], self.v[layer][:, :, :self._end]
 
     def advance(self, n_real: torch.Tensor | int) -> None:
         """Commit the step: row b keeps ``n_real[b]`` of the tokens just written (padding is dropped)."""
-        self.lengths += n_real if isinstance(n_real, torch.Tensor) else torch.full_like(self.lengths, n_real)
+        if isinstance(n_real, torch.Tensor):
+            self.lengths += n_real
+            self._host_lengths = [a + b for a, b in zip(self._host_lengths, n_real.tolist())]
+        else:
+            self.lengths += n_real
+            self._host_lengths = [a + n_real for a in self._host_lengths]
         self._write_idx = None
 
     def truncate(self, lengths: torch.Tensor) -> None:
@@ -69,14 +88,17 @@ class ContiguousKVCache:
         if (lengths > self.lengths).any() or (lengths < 0).any():
             raise ValueError("truncate lengths must be between 0 and the current lengths")
         self.lengths = lengths.clone()
+        self._host_lengths = lengths.tolist()
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Keep/duplicate rows (beam search): row i becomes old row ``rows[i]``."""
         self.k = [t.index_select(0, rows) for t in self.k]
         self.v = [t.index_select(0, rows) for t in self.v]
         self.lengths = self.lengths.index_select(0, rows)
+        self._host_lengths = self.lengths.tolist()
         self._rows = torch.arange(rows.numel(), device=rows.device)[:, None]
 
     def reset(self) -> None:
         self.lengths.zero_()
+        self._host_lengths = [0] * self.batch
         self._write_idx = None
