@@ -147,7 +147,13 @@ def write_card(models_dir: Path) -> Path:
               f"**{quality['draft_target_top1_agreement']:.3f}** (chapter 04's acceptance rate α).", "",
               "Training: next-token loss on random 256-token windows of the train split, AdamW (β 0.9/0.95, "
               "weight decay 0.1), warm-up then cosine decay to 10%, gradient clip 1.0, seed 0. "
-              "Per-checkpoint validation losses are in each folder's `train_log.json`.", "",
+              "Per-checkpoint validation losses are in each folder's `train_log.json`. The wall times were "
+              "measured while the machine's two cores were shared with other jobs for part of the run, so they "
+              "overstate what an idle machine needs.", "",
+              "Greedy samples below are repetitive (a 5M-parameter model loops easily) but clearly Python: "
+              "indentation, `def`, `self.`, imports. Prompts do not end in a newline: the tokenizer merges a "
+              "newline with the indentation after it, so a prompt cut right after `\\n` starts from a token "
+              "boundary the model never saw in training (the problem that *token healing* fixes).", "",
               "The perplexity test (`tests/test_models.py`) allows 10% above the recorded value, since another Python "
               "version ships slightly different stdlib files.", "", "## Greedy samples", ""]
     for name, info in quality["models"].items():
