@@ -130,7 +130,8 @@ def meets(trace: RequestTrace, slo: SLO) -> bool:
     if trace.n_output == 0:
         return False
     tpot = trace.tpot
-    return trace.ttft <= slo.ttft_s and (math.isnan(tpot) or tpot <= slo.tpot_s)
+    # a request exactly at the limit meets it: allow float rounding of the averaged gaps (1 ns)
+    return trace.ttft <= slo.ttft_s + 1e-9 and (math.isnan(tpot) or tpot <= slo.tpot_s + 1e-9)
 
 
 @dataclass

@@ -222,3 +222,12 @@ def test_mfu_mbu_reject_bad_input():
                        ((7e9, 2, 100, 2e12, -5.0), "kv_bytes_per_token_step")]:
         with pytest.raises(ValueError, match=f"^{name} must be a finite number"):
             mbu(*args)
+
+
+def test_meets_is_inclusive_despite_float_rounding():
+    from course_lib.metrics import SLO, RequestTrace, meets
+
+    times = [2.9 + 0.1 * i for i in range(16)]  # 15 gaps of 0.1 s, averaged with rounding error
+    trace = RequestTrace("edge", arrival=2.4, prompt_tokens=3, token_times=times)
+    assert meets(trace, SLO(ttft_s=0.5, tpot_s=0.1))
+    assert not meets(trace, SLO(ttft_s=0.5, tpot_s=0.0999))

@@ -5,7 +5,7 @@ Decode reads the whole cache once per step (bandwidth-bound, like the weights): 
 This is the *contiguous* cache: each sequence owns a slab of ``max_len`` slots reserved up front
 (the waste that PagedAttention removes in chapter 05). The engine talks to a cache only through
 ``positions_for`` / ``update`` / ``lengths``, so a paged cache plugs in without touching the model.
-Introduced in 04 (engine) and 05_attention_kv_cache.ipynb.
+Introduced in 02_metrics.ipynb; the subject of 05_attention_kv_cache.ipynb.
 """
 from __future__ import annotations
 

@@ -65,7 +65,9 @@ def resolve(name_or_path: str | Path) -> tuple[str, Path | None]:
 def load_model(name_or_path: str | Path = "tiny-target", device: str | torch.device = "cpu", dtype: str = "fp32"):
     """(model, tokenizer) ready for inference (``eval()``, on ``device``, weights in ``dtype``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a per-tensor "Loading weights" bar would clutter every notebook
     dev = parse_device(device)
     tdt = torch_dtype(dtype)
     kind, path = resolve(name_or_path)
