@@ -55,13 +55,14 @@ def plot_roofline(roofs: Iterable[Roof], points: Iterable[Point] = (), *, ax=Non
     for i, point in enumerate(points):
         marker = _MARKERS[i % len(_MARKERS)]
         if point.achieved is not None:
-            (dot,) = ax.plot([point.intensity], [point.achieved], marker, ms=7, label=point.label)
+            (dot,) = ax.plot([point.intensity], [point.achieved], marker, ms=7, label=point.label,
+                             zorder=6)  # above the legend box: a point must never hide behind it
             color = dot.get_color()
         else:
             color = None
         if predicted or point.achieved is None:
             ceiling = roofs[0].attainable(point.intensity)
-            ax.plot([point.intensity], [ceiling], marker, ms=9, mfc="none", color=color,
+            ax.plot([point.intensity], [ceiling], marker, ms=9, mfc="none", color=color, zorder=6,
                     label=None if point.achieved is not None else f"{point.label} (ceiling)")
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -69,7 +70,7 @@ def plot_roofline(roofs: Iterable[Roof], points: Iterable[Point] = (), *, ax=Non
     ax.set_ylabel("FLOP/s")
     ax.set_title(title or "Roofline")
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper left")  # above every roof: a region no measured point can reach
     fig.tight_layout()
     return fig, ax
 
