@@ -62,6 +62,20 @@ def resolve(name_or_path: str | Path) -> tuple[str, Path | None]:
                      "or a hub id of the form 'owner/name'")
 
 
+def hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
+    """Can we open a connection to the hub? (False at once offline, instead of a minute of retries.)"""
+    import os
+    import socket
+
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def load_model(name_or_path: str | Path = "tiny-target", device: str | torch.device = "cpu", dtype: str = "fp32"):
     """(model, tokenizer) ready for inference (``eval()``, on ``device``, weights in ``dtype``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -72,6 +86,13 @@ def load_model(name_or_path: str | Path = "tiny-target", device: str | torch.dev
     tdt = torch_dtype(dtype)
     kind, path = resolve(name_or_path)
     source = str(path) if path is not None else str(name_or_path)
+    if kind == "hub" and not hub_reachable():
+        from huggingface_hub import try_to_load_from_cache
+
+        if try_to_load_from_cache(source, "config.json") is None:  # not cached either: fail now, clearly
+            raise OSError(f"cannot load hub model {source!r}: the Hugging Face hub is not reachable from this "
+                          f"machine and the model is not in the local cache. Offline, use an embedded model: "
+                          f"{list(EMBEDDED)}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=tdt)
