@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,25 +25,13 @@ class Record:
 
 
 def machine_name() -> str:
-    """One line naming the machine a number was measured on (GPU name, else CPU model and cores)."""
-    try:
-        import torch
+    """One line naming the machine a number was measured on (GPU name, else CPU model and threads used)."""
+    from course_lib.hardware import detect_device
 
-        if torch.cuda.is_available():
-            return f"GPU {torch.cuda.get_device_name(0)}"
-    except Exception:
-        pass
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import os
-
-    return f"CPU {model} ({os.cpu_count()} logical cores)"
+    info = detect_device()
+    if info.kind == "cuda":
+        return f"GPU {info.name}"
+    return f"CPU {info.name} ({info.threads} of {info.cores} logical cores used)"
 
 
 def _results_dir() -> Path | None:

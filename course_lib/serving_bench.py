@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
+from course_lib.costs import check_positive_int
 from course_lib.engine.sampling import SamplingParams
 from course_lib.metrics import RequestTrace
 from course_lib.models.accounting import (ModelShape, decode_flops, decode_step_bytes, kv_bytes_per_token,
@@ -28,18 +29,12 @@ from course_lib.models.accounting import (ModelShape, decode_flops, decode_step_
 from course_lib.roofline import min_time
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 def _positive_ints(name: str, values) -> tuple[int, ...]:
     values = tuple(values)
     if not values:
         raise ValueError(f"{name} must be a non-empty sequence of positive ints")
     for v in values:
-        _positive_int(f"each of {name}", v)
+        check_positive_int(f"each of {name}", v)
     return values
 
 
@@ -48,7 +43,7 @@ def prompt_pool(tokenizer, n_tokens: int = 2048, text: str | None = None, chunk_
     """``n_tokens`` token ids of held-out Python source (the corpus' validation split, which the
     embedded models never trained on), or of ``text``. Tokenized in chunks to stay under the
     tokenizer's length warning; prompts are then slices of this pool, so every length is exact."""
-    _positive_int("n_tokens", n_tokens)
+    check_positive_int("n_tokens", n_tokens)
     if text is None:
         from course_lib.models.corpus import corpus_text
 
@@ -71,12 +66,12 @@ class Request:
     def __post_init__(self) -> None:
         if len(self.prompt_ids) == 0:
             raise ValueError("Request.prompt_ids must hold at least one token id")
-        _positive_int("Request.max_new_tokens", self.max_new_tokens)
+        check_positive_int("Request.max_new_tokens", self.max_new_tokens)
 
 
 def prompt_of_length(pool: Sequence[int], n: int, offset: int = 0) -> list[int]:
     """``n`` consecutive ids of ``pool`` starting at ``offset`` (wrapping around)."""
-    _positive_int("n", n)
+    check_positive_int("n", n)
     if n > len(pool):
         raise ValueError(f"a {n}-token prompt needs a pool of at least {n} tokens, got {len(pool)}")
     start = offset % len(pool)
@@ -89,12 +84,12 @@ def make_workload(pool: Sequence[int], n_requests: int, *, prompt_lens: tuple[in
     """A seeded mix of requests: prompt lengths uniform in ``prompt_lens``, output lengths log-normal
     around ``output_median`` (clipped to [2, ``output_max``]) — most answers short, a few very long,
     as in real chat traffic. The long tail is what makes the mean latency misleading."""
-    _positive_int("n_requests", n_requests)
+    check_positive_int("n_requests", n_requests)
     lo, hi = prompt_lens
-    _positive_int("prompt_lens[0]", lo)
+    check_positive_int("prompt_lens[0]", lo)
     if not isinstance(hi, int) or hi < lo:
         raise ValueError(f"prompt_lens must be (low, high) ints with 1 <= low <= high, got {prompt_lens!r}")
-    _positive_int("output_median", output_median)
+    check_positive_int("output_median", output_median)
     if not (isinstance(output_sigma, (int, float)) and output_sigma >= 0):
         raise ValueError(f"output_sigma must be a number >= 0, got {output_sigma!r}")
     rng = np.random.default_rng(seed)
@@ -116,7 +111,7 @@ def serve(engine, requests: Sequence[Request], *, batch_size: int = 1,
     requests = list(requests)
     if not requests or not all(isinstance(r, Request) for r in requests):
         raise ValueError("requests must be a non-empty sequence of Request")
-    _positive_int("batch_size", batch_size)
+    check_positive_int("batch_size", batch_size)
     start = time.perf_counter()
     traces: list[RequestTrace] = []
     for first in range(0, len(requests), batch_size):
@@ -151,7 +146,7 @@ def ttft_sweep(engine, pool: Sequence[int], lengths: Sequence[int], repeats: int
                warmup: int = 1) -> list[TTFTPoint]:
     """TTFT of a single request (batch 1, one output token) for each prompt length: the prefill."""
     lengths = _positive_ints("lengths", lengths)
-    _positive_int("repeats", repeats)
+    check_positive_int("repeats", repeats)
     params = SamplingParams(max_new_tokens=1, ignore_eos=True)
     out = []
     for n in lengths:
@@ -185,10 +180,10 @@ def tpot_sweep(engine, pool: Sequence[int], batches: Sequence[int], prompt_len: 
     """For each batch size, generate ``new_tokens`` for ``batch`` requests of ``prompt_len`` tokens
     (different slices of the pool) as one static batch; TPOT and TTFT from the per-token times."""
     batches = _positive_ints("batches", batches)
-    _positive_int("prompt_len", prompt_len)
+    check_positive_int("prompt_len", prompt_len)
     if not isinstance(new_tokens, int) or new_tokens < 2:
         raise ValueError(f"new_tokens must be an int >= 2 (TPOT needs two tokens), got {new_tokens!r}")
-    _positive_int("repeats", repeats)
+    check_positive_int("repeats", repeats)
     out = []
     for b in batches:
         reqs = [Request(tuple(prompt_of_length(pool, prompt_len, i * prompt_len)), new_tokens) for i in range(b)]
@@ -208,7 +203,7 @@ def latency_grid(engine, pool: Sequence[int], input_lens: Sequence[int], output_
     """(input tokens, output tokens, median end-to-end latency s) for every pair of the grid, batch 1."""
     input_lens = _positive_ints("input_lens", input_lens)
     output_lens = _positive_ints("output_lens", output_lens)
-    _positive_int("repeats", repeats)
+    check_positive_int("repeats", repeats)
     out = []
     for n_in in input_lens:
         ids = prompt_of_length(pool, n_in)
@@ -278,8 +273,8 @@ def output_input_ratio(shape: ModelShape, peak_flops: float, bandwidth: float, d
 
 def generation_flops(shape: ModelShape, prompt_len: int, new_tokens: int, batch: int = 1) -> float:
     """FLOPs of one ``generate``: the prefill (which yields the first token) + ``new_tokens − 1`` decode steps."""
-    _positive_int("prompt_len", prompt_len)
-    _positive_int("new_tokens", new_tokens)
+    check_positive_int("prompt_len", prompt_len)
+    check_positive_int("new_tokens", new_tokens)
     return prefill_flops(shape, prompt_len, batch) + sum(
         decode_flops(shape, prompt_len + i, batch) for i in range(1, new_tokens))
 
@@ -304,7 +299,7 @@ def count_ops(fn: Callable[[], object]) -> int:
 def per_op_overhead_s(device: str | torch.device = "cpu", n: int = 2000) -> float:
     """Seconds per tiny op (a one-element add) issued back to back: the fixed cost of dispatching
     (and on a GPU, launching) one op. Median of 5 loops of ``n`` ops, synchronised at both ends."""
-    _positive_int("n", n)
+    check_positive_int("n", n)
     dev = torch.device(device)
     x = torch.ones(1, device=dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -338,7 +333,7 @@ def time_matmuls(engine, batch: int = 1, repeats: int | None = None):
     whole step, it splits TPOT into "streaming the weights" and "everything else"."""
     from course_lib.bench import benchmark
 
-    _positive_int("batch", batch)
+    check_positive_int("batch", batch)
     mats = matmul_weights(engine)
     gen = torch.Generator(device=engine.device).manual_seed(0)
     xs = [torch.randn(batch, m.shape[1], generator=gen, device=engine.device).to(m.dtype) for m in mats]  # (B, in)
@@ -372,7 +367,7 @@ class Busy:
 def cpu_busy(fn: Callable[[], object], threads: int | None = None) -> Busy:
     """Run ``fn()`` once; ``time.process_time`` sums the CPU time of all this process's threads."""
     threads = threads or torch.get_num_threads()
-    _positive_int("threads", threads)
+    check_positive_int("threads", threads)
     c0, t0 = time.process_time(), time.perf_counter()
     result = fn()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0

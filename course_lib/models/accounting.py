@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from course_lib.costs import check_positive_int
 from course_lib.dtypes import dtype_bytes
 
 
@@ -80,11 +81,6 @@ PRESETS: dict[str, ModelShape] = {
 }
 
 
-def _check_positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
 def layer_params(shape: ModelShape) -> int:
     """Weights of one decoder layer: q,k,v,o projections + SwiGLU MLP + two RMSNorm vectors."""
     attn = shape.hidden_size * shape.head_dim * (2 * shape.num_heads + 2 * shape.num_kv_heads)
@@ -124,8 +120,8 @@ def attention_flops(shape: ModelShape, n_query: int, n_context: int) -> float:
 def prefill_flops(shape: ModelShape, n_tokens: int, batch: int = 1) -> float:
     """Forward FLOPs of a causal prefill of ``n_tokens`` per sequence: 2·P per token + attention
     (each token attends to itself and those before it: on average (n+1)/2 keys)."""
-    _check_positive("n_tokens", n_tokens)
-    _check_positive("batch", batch)
+    check_positive_int("n_tokens", n_tokens)
+    check_positive_int("batch", batch)
     dense = 2.0 * matmul_params(shape) * n_tokens
     attn = attention_flops(shape, n_tokens, 1) * (n_tokens + 1) / 2
     return batch * (dense + attn)
@@ -133,16 +129,16 @@ def prefill_flops(shape: ModelShape, n_tokens: int, batch: int = 1) -> float:
 
 def decode_flops(shape: ModelShape, context_len: int, batch: int = 1) -> float:
     """FLOPs of one decode step: every sequence adds one token that attends to ``context_len`` keys."""
-    _check_positive("context_len", context_len)
-    _check_positive("batch", batch)
+    check_positive_int("context_len", context_len)
+    check_positive_int("batch", batch)
     return batch * (2.0 * matmul_params(shape) + attention_flops(shape, 1, context_len))
 
 
 def decode_step_bytes(shape: ModelShape, context_len: int, batch: int = 1, dtype: str = "bf16",
                       kv_dtype: str | None = None) -> float:
     """Minimum bytes one decode step moves: every weight once + each sequence's KV cache."""
-    _check_positive("context_len", context_len)
-    _check_positive("batch", batch)
+    check_positive_int("context_len", context_len)
+    check_positive_int("batch", batch)
     kv = kv_bytes_per_token(shape, kv_dtype or dtype) * context_len * batch
     return weight_bytes(shape, dtype) + kv
 
