@@ -9,7 +9,7 @@ import argparse
 import json
 
 from course_lib.engine.benchmark import as_dicts, engine_vs_hf, format_rows
-from course_lib.engine.generate import Engine
+from course_lib.engine import Engine
 from course_lib.hardware import detect_device, measured_peaks
 
 

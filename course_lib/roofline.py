@@ -3,8 +3,11 @@
 An operation whose arithmetic intensity (FLOP per byte moved) lies left of the ridge point
 (peak ÷ bandwidth, seed 003's "hardware arithmetic intensity") is bandwidth-bound: its speed is set
 by bytes/s and extra compute is free. Right of the ridge it is compute-bound. ``llm_phases`` places
-an LLM's decode step and prefill on a GPU's roofline from the model's shape alone.
-Introduced in 00_setup_and_hardware.ipynb; LLM phases in 01_bottlenecks.ipynb.
+an LLM's decode step and prefill on a GPU's roofline from the model's shape alone, and
+``prefill_time`` / ``decode_time`` / ``output_input_ratio`` / ``generation_flops`` turn the same
+accounting into the times a measured prefill (TTFT) and decode step (TPOT) should not beat.
+Introduced in 00_setup_and_hardware.ipynb; LLM phases in 01_bottlenecks.ipynb; time predictions in
+02_metrics.ipynb.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from course_lib.costs import check_positive_int
+from course_lib.models.accounting import (ModelShape, decode_flops, decode_intensity, decode_step_bytes,
+                                          kv_bytes_per_token, prefill_flops, weight_bytes)
 
 
 def _positive(name: str, value) -> float:
@@ -190,8 +195,6 @@ def batch_to_reach(ridge: float, model: str, *, context_len: int = 1, dtype: str
                    max_batch: int = 1 << 16) -> int | None:
     """Smallest batch whose decode step intensity reaches ``ridge`` (None if not by ``max_batch``,
     e.g. when a long context's KV cache grows as fast as the FLOPs do)."""
-    from course_lib.models.accounting import ModelShape, decode_intensity
-
     _positive("ridge", ridge)
     shape = model if isinstance(model, ModelShape) else ModelShape.from_name(model)
     if decode_intensity(shape, context_len, max_batch, dtype) < ridge:
@@ -210,9 +213,6 @@ def llm_phases(gpu: str, model: str, *, batch: int = 1, dtype: str = "bf16", pro
                context_len: int = 512) -> PhaseReport:
     """Predict where ``model``'s decode step (batch sequences each adding one token to a
     ``context_len`` cache) and prefill (batch × prompt_len tokens) land on ``gpu``'s datasheet roof."""
-    from course_lib.models.accounting import (ModelShape, decode_flops, decode_step_bytes, kv_bytes_per_token,
-                                              prefill_flops, weight_bytes)
-
     check_positive_int("batch", batch)
     check_positive_int("prompt_len", prompt_len)
     check_positive_int("context_len", context_len)
@@ -230,3 +230,36 @@ def llm_phases(gpu: str, model: str, *, batch: int = 1, dtype: str = "bf16", pro
     return PhaseReport(spec.name, shape.name, dtype, batch, prompt_len, context_len, roof, decode, prefill,
                        batch_to_reach(roof.ridge, shape, context_len=context_len, dtype=dtype), weights / 1e9,
                        weights + kv <= spec.memory_gb * 1e9)
+
+
+# ----------------------------------------------------------------------------- time predictions
+def prefill_time(shape: ModelShape, n_tokens: int, peak_flops: float, bandwidth: float, dtype: str = "fp32",
+                 batch: int = 1) -> float:
+    """Roofline lower bound of a prefill: max(FLOPs / peak, (weights + KV written) / bandwidth)."""
+    moved = weight_bytes(shape, dtype) + kv_bytes_per_token(shape, dtype) * n_tokens * batch
+    return min_time(prefill_flops(shape, n_tokens, batch), moved, peak_flops, bandwidth)
+
+
+def decode_time(shape: ModelShape, context_len: int, peak_flops: float, bandwidth: float, dtype: str = "fp32",
+                batch: int = 1) -> float:
+    """Roofline lower bound of one decode step (= the TPOT floor): weights + KV caches over bandwidth,
+    unless the batch is large enough to make the FLOPs dominate."""
+    return min_time(decode_flops(shape, context_len, batch), decode_step_bytes(shape, context_len, batch, dtype),
+                    peak_flops, bandwidth)
+
+
+def output_input_ratio(shape: ModelShape, peak_flops: float, bandwidth: float, dtype: str = "bf16",
+                       context_len: int = 1) -> float:
+    """The roofline's answer to "one output token costs as much as how many input tokens?":
+    a batch-1 decode step (reads every weight: bytes / bandwidth) over one compute-bound prefill token
+    (2 · params FLOPs / peak). About bytes-per-param / 2 × the ridge point."""
+    per_input = prefill_flops(shape, 1) / peak_flops
+    return decode_time(shape, context_len, peak_flops, bandwidth, dtype) / per_input
+
+
+def generation_flops(shape: ModelShape, prompt_len: int, new_tokens: int, batch: int = 1) -> float:
+    """FLOPs of one ``generate``: the prefill (which yields the first token) + ``new_tokens − 1`` decode steps."""
+    check_positive_int("prompt_len", prompt_len)
+    check_positive_int("new_tokens", new_tokens)
+    return prefill_flops(shape, prompt_len, batch) + sum(
+        decode_flops(shape, prompt_len + i, batch) for i in range(1, new_tokens))

@@ -2,10 +2,9 @@
 import pytest
 import torch
 
-from course_lib.engine.generate import Engine
-from course_lib.engine.kv_cache import ContiguousKVCache
+from course_lib.engine import Engine, SamplingParams
+from course_lib.engine.attention import ContiguousBackend
 from course_lib.engine.model import LlamaEngineModel
-from course_lib.engine.sampling import SamplingParams
 from tests.conftest import random_llama
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\nclass Config:\n    def __init__(self", "x"]
@@ -17,20 +16,38 @@ def hf_greedy(model, tok, prompt, n):
     return out[0, ids["input_ids"].shape[1]:].tolist()
 
 
+def flat_step(m, backend, handles, chunks):
+    """Append each chunk to its sequence's storage and run them as one flat forward; logits of every token."""
+    starts = []
+    for h, c in zip(handles, chunks):
+        starts.append(backend.length(h))
+        backend.append(h, len(c))
+    ids = torch.tensor([t for c in chunks for t in c])
+    pos = torch.tensor([p for s, c in zip(starts, chunks) for p in range(s, s + len(c))])
+    meta = backend.prepare(handles, [len(c) for c in chunks], pos)
+    return m(ids, pos, meta, backend)  # (N, V)
+
+
+def new_backend(m, rows=4, max_len=64):
+    return ContiguousBackend(m.num_layers, m.num_kv_heads, m.head_dim, max_len, rows)
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_logits_match_hf_prefill_and_decode(kind):
+def test_logits_match_hf_prefill_ragged_and_decode(kind):
     hf = random_llama(kind=kind, seed=1)
     m = LlamaEngineModel(hf)
     torch.manual_seed(0)
     x = torch.randint(0, 101, (3, 13))
-    lens = torch.tensor([13, 7, 1])  # awkward: one prompt of a single token
+    lens = [13, 7, 1]  # awkward: one prompt of a single token
     with torch.no_grad():
-        torch.testing.assert_close(m(x), hf(input_ids=x).logits, atol=1e-5, rtol=1e-5)
-        cache = ContiguousKVCache(2, 3, 32, 2, 16)
-        last = m(x, cache, logits_at=(lens - 1)[:, None])[:, 0]
-        cache.advance(lens)
+        torch.testing.assert_close(m.dense_logits(x), hf(input_ids=x).logits, atol=1e-5, rtol=1e-5)
+        backend = new_backend(m)
+        handles = [backend.allocate() for _ in lens]
+        prompts = [x[b, :n].tolist() for b, n in enumerate(lens)]
+        logits = flat_step(m, backend, handles, prompts)  # a ragged prefill, no padding: (21, V)
+        last = logits[torch.tensor(lens).cumsum(0) - 1]
         nxt = torch.randint(0, 101, (3,))
-        step = m(nxt[:, None], cache)[:, 0]
+        step = flat_step(m, backend, handles, [[t] for t in nxt.tolist()])  # cached decode, ragged lengths
         for b in range(3):
             seq = x[b, : lens[b]]
             torch.testing.assert_close(last[b], hf(input_ids=seq[None]).logits[0, -1], atol=1e-5, rtol=1e-5)
@@ -38,14 +55,42 @@ def test_logits_match_hf_prefill_and_decode(kind):
             torch.testing.assert_close(step[b], hf(input_ids=full).logits[0, -1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_mixed_step_equals_separate_forwards(kind):
+    """One forward holding a prefill chunk after a cached prefix, a whole prefill and decode tokens gives the
+    logits of running each sequence on its own."""
+    hf = random_llama(kind=kind, seed=11)
+    m = LlamaEngineModel(hf)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 101, (n,), generator=g).tolist() for n in (9, 5, 30, 3, 17)]
+    with torch.no_grad():
+        mixed = new_backend(m, rows=5)
+        h = [mixed.allocate() for _ in prompts]
+        flat_step(m, mixed, [h[0], h[1], h[3]], [prompts[0], prompts[1], prompts[3]])  # earlier prefills
+        flat_step(m, mixed, [h[2]], [prompts[2][:12]])  # the first chunk of a long prompt
+        chunks = [[7], [8], prompts[2][12:], [9], prompts[4]]  # decode, decode, chunk, decode, whole prefill
+        logits = flat_step(m, mixed, h, chunks)  # (N, V): one flat ragged step
+        ends = torch.tensor([len(c) for c in chunks]).cumsum(0)
+        full = [prompts[0] + [7], prompts[1] + [8], prompts[2], prompts[3] + [9], prompts[4]]
+        for b, seq in enumerate(full):
+            n = len(chunks[b])
+            ref = hf(input_ids=torch.tensor([seq])).logits[0, -n:]  # the logits of those n tokens
+            torch.testing.assert_close(logits[ends[b] - n: ends[b]], ref, atol=1e-5, rtol=1e-5)
+
+
 def test_spelled_out_attention_equals_sdpa():
     hf = random_llama(seed=2)
     m = LlamaEngineModel(hf)
-    x = torch.randint(0, 101, (2, 9))
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [4, 5, 6]]
     with torch.no_grad():
-        fast = m(x)
-        m.use_sdpa = False
-        torch.testing.assert_close(m(x), fast, atol=1e-5, rtol=1e-5)
+        outs = []
+        for use_sdpa in (True, False):
+            backend = new_backend(m)
+            backend.use_sdpa = use_sdpa
+            h = [backend.allocate() for _ in prompts]
+            outs.append(torch.cat([flat_step(m, backend, h, prompts), flat_step(m, backend, h, [[3], [4]]),
+                                   flat_step(m, backend, h[:1], [[1, 2, 3]])]))
+        torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
 
 
 def test_greedy_identical_to_hf_generate_random_gqa(tokenizer):
@@ -166,18 +211,29 @@ def test_bad_input_is_rejected_before_compute(tokenizer):
         Engine(random_llama(seed=1))
 
 
-def test_kv_cache_bookkeeping():
-    cache = ContiguousKVCache(1, 2, 8, 1, 4)
-    assert cache.nbytes() == 2 * 2 * 8 * 4 * 4
-    pos = cache.positions_for(3)
-    assert pos.tolist() == [[0, 1, 2], [0, 1, 2]]
-    cache.update(0, torch.ones(2, 1, 3, 4), torch.ones(2, 1, 3, 4))
-    cache.advance(torch.tensor([3, 2]))
-    assert cache.positions_for(1).tolist() == [[3], [2]]
-    cache.advance(1)
-    cache.truncate(torch.tensor([1, 1]))
-    assert cache.lengths.tolist() == [1, 1]
-    with pytest.raises(ValueError, match="KV cache full"):
-        cache.positions_for(8)
-    with pytest.raises(ValueError, match="batch"):
-        ContiguousKVCache(1, 0, 8, 1, 4)
+def test_contiguous_storage_bookkeeping():
+    backend = ContiguousBackend(num_layers=1, num_kv_heads=1, head_dim=4, max_len=8, max_seqs=2)
+    per_token = 2 * 1 * 1 * 4 * 4
+    assert backend.bytes_per_token == per_token and backend.bytes_used() == backend.bytes_reserved() == 0
+    a = backend.allocate()
+    backend.append(a, 3)
+    assert backend.length(a) == 3 and backend.bytes_used() == 3 * per_token
+    assert backend.bytes_reserved() == 8 * per_token  # a whole slab, whatever the length: the waste of ch. 05
+    backend.k[0][a, :, :3] = torch.arange(12.0).view(1, 3, 4)
+    b = backend.fork(a)
+    assert b != a and backend.length(b) == 3 and torch.equal(backend.k[0][b, :, :3], backend.k[0][a, :, :3])
+    assert not backend.can_allocate(1)  # both rows taken
+    backend.truncate(a, 1)
+    assert backend.length(a) == 1
+    assert not backend.can_append(b, 6) and backend.can_append(b, 5)
+    with pytest.raises(ValueError, match="full"):
+        backend.append(b, 6)
+    with pytest.raises(ValueError, match="truncate"):
+        backend.truncate(a, 2)
+    backend.free(a)
+    backend.free(b)
+    assert backend.bytes_used() == backend.bytes_reserved() == 0
+    with pytest.raises(ValueError, match="not a live sequence"):
+        backend.free(a)
+    with pytest.raises(ValueError, match="max_seqs"):
+        ContiguousBackend(1, 1, 4, 8, 0)

@@ -1,8 +1,10 @@
-"""Roofline maths against hand-computed cases, and LLM phases against the accounting formulas."""
+"""Roofline maths against hand-computed cases, and LLM phases and time predictions against the accounting
+formulas."""
 import numpy as np
 import pytest
 
 from course_lib import roofline
+from course_lib.hardware import gpu_spec
 from course_lib.models import accounting
 from course_lib.roofline import Point, Roof
 
@@ -79,3 +81,23 @@ def test_decode_intensity_climbs_with_batch_until_ridge():
     assert accounting.decode_intensity(shape, 1, b) >= ridge > accounting.decode_intensity(shape, 1, b - 1)
     # long contexts: the KV cache grows with batch as fast as the FLOPs, so decode never gets there
     assert roofline.batch_to_reach(ridge, "llama-2-7b", context_len=32768) is None
+
+
+def test_predictions_follow_the_roofline():
+    shape = accounting.ModelShape.from_name("llama-2-7b")
+    spec = gpu_spec("H100 SXM")
+    peak, bw = spec.peak_flops("bf16"), spec.bandwidth
+    step = roofline.decode_time(shape, 1, peak, bw, "bf16")
+    assert step == pytest.approx(accounting.decode_step_bytes(shape, 1, 1, "bf16") / bw)
+    assert roofline.prefill_time(shape, 512, peak, bw, "bf16") == pytest.approx(accounting.prefill_flops(shape, 512) / peak)
+    # one output token ≈ (bytes per param / 2) × ridge input tokens
+    ratio = roofline.output_input_ratio(shape, peak, bw, "bf16")
+    assert ratio == pytest.approx(spec.ridge("bf16"), rel=0.05)
+    assert roofline.output_input_ratio(shape, peak, bw, "fp32") == pytest.approx(2 * ratio, rel=1e-6)
+    # a big batch crosses the ridge: the step becomes compute-bound
+    assert roofline.decode_time(shape, 1, peak, bw, "bf16", batch=1024) == pytest.approx(
+        accounting.decode_flops(shape, 1, 1024) / peak)
+    total = roofline.generation_flops(shape, 10, 3)
+    assert total == pytest.approx(accounting.prefill_flops(shape, 10) + accounting.decode_flops(shape, 11)
+                                  + accounting.decode_flops(shape, 12))
+    assert roofline.generation_flops(shape, 10, 1) == accounting.prefill_flops(shape, 10)

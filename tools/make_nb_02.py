@@ -39,10 +39,9 @@ cells = [
         import transformers
 
         import course_lib
-        from course_lib import hardware, metrics, plots
-        from course_lib import serving_bench as sb
+        from course_lib import hardware, metrics, plots, profiling, roofline, serving
         from course_lib.engine.benchmark import PROMPT, engine_vs_hf, format_rows
-        from course_lib.engine.generate import Engine
+        from course_lib.engine import Engine
         from course_lib.engine.sampling import SamplingParams
         from course_lib.models import accounting
         from course_lib.report import record
@@ -111,7 +110,7 @@ cells = [
     every prompt length is exact:
     """),
     code("""
-        pool = sb.prompt_pool(engine.tokenizer, 2048)
+        pool = serving.prompt_pool(engine.tokenizer, 2048)
         print(f"{len(pool)} prompt tokens; the first 12 decode to {engine.tokenizer.decode(pool[:12])!r}")
         """, "ignore"),
     md("""
@@ -126,14 +125,14 @@ cells = [
     """),
     code("""
         lengths = course_lib.pick((8, 32, 64, 128, 256, 512, 1000), (8, 16, 32, 64, 128, 256, 512, 768, 1000))
-        ttft_floor = {n: sb.prefill_time(shape, n, PEAK, BW, DT) for n in lengths}
+        ttft_floor = {n: roofline.prefill_time(shape, n, PEAK, BW, DT) for n in lengths}
         for n in lengths:
             print(f"prompt {n:>5} tokens: {accounting.prefill_flops(shape, n) / 1e9:6.2f} GFLOP -> "
                   f">= {ttft_floor[n] * 1e3:7.2f} ms")
         """, "ignore"),
     md("*Measure* (batch 1, one output token, median of repeats):"),
     code("""
-        ttft_pts = sb.ttft_sweep(engine, pool, lengths, repeats=course_lib.pick(3, 7))
+        ttft_pts = serving.ttft_sweep(engine, pool, lengths, repeats=course_lib.pick(3, 7))
         ttft = {p.prompt_len: p.ttft_s for p in ttft_pts}
         overhead = ttft[lengths[0]] - ttft_floor[lengths[0]]  # fixed cost, measured at the shortest prompt
         ttft_pred = {n: overhead + ttft_floor[n] for n in lengths}
@@ -186,11 +185,11 @@ cells = [
         ctx = PROMPT_LEN + NEW // 2  # average keys per step
         cache = engine.new_cache(1, ctx + 1)
         engine.prefill([pool[:ctx]], cache)
-        n_ops = sb.count_ops(lambda: engine.decode_step(torch.tensor([pool[ctx]], device=DEV), cache))
-        per_op = sb.per_op_overhead_s(DEV)
+        n_ops = profiling.count_ops(lambda: engine.decode_step(torch.tensor([pool[ctx]], device=DEV), cache))
+        per_op = profiling.per_op_overhead_s(DEV)
         floor = n_ops * per_op
-        tpot_dram = {b: sb.decode_time(shape, ctx, PEAK, BW, DT, b) for b in batches}
-        tpot_cache = {b: sb.decode_time(shape, ctx, PEAK, cache_bw, DT, b) for b in batches}
+        tpot_dram = {b: roofline.decode_time(shape, ctx, PEAK, BW, DT, b) for b in batches}
+        tpot_cache = {b: roofline.decode_time(shape, ctx, PEAK, cache_bw, DT, b) for b in batches}
         print(f"a decode step dispatches {n_ops} torch ops x {per_op * 1e6:.1f} us = {floor * 1e3:.2f} ms of overhead")
         for b in batches:
             print(f"batch {b:>3}: {accounting.decode_step_bytes(shape, ctx, b, DT) / 1e6:5.1f} MB, "
@@ -203,9 +202,9 @@ cells = [
     else — to split TPOT into "streaming the weights" and "everything else":
     """),
     code("""
-        runs = sb.tpot_sweep(engine, pool, batches, prompt_len=PROMPT_LEN, new_tokens=NEW, repeats=course_lib.pick(3, 5))
+        runs = serving.tpot_sweep(engine, pool, batches, prompt_len=PROMPT_LEN, new_tokens=NEW, repeats=course_lib.pick(3, 5))
         tpot = {r.batch: r.tpot_s for r in runs}
-        mm = {b: sb.time_matmuls(engine, b, repeats=course_lib.pick(5, 10)) for b in batches}
+        mm = {b: profiling.time_matmuls(engine, b, repeats=course_lib.pick(5, 10)) for b in batches}
         for r in runs:
             b = r.batch
             print(f"batch {b:>3}: TPOT {tpot[b] * 1e3:6.2f} ms = matmuls {mm[b].median_s * 1e3:5.2f} ms "
@@ -233,7 +232,7 @@ cells = [
         rest = tpot[b1] - mm[b1].median_s
         print(f"batch 1: TPOT {tpot[b1] * 1e3:.2f} ms = {tpot[b1] / tpot_dram[b1]:.1f}x the DRAM roofline, "
               f"{tpot[b1] / (tpot_dram[b1] + floor):.1f}x roofline + dispatch")
-        print(f"  its {len(sb.matmul_weights(engine))} matmuls alone: {mm[b1].median_s * 1e3:.2f} ms, the weights streamed at {mm[b1].gbps:.1f} GB/s "
+        print(f"  its {len(profiling.matmul_weights(engine))} matmuls alone: {mm[b1].median_s * 1e3:.2f} ms, the weights streamed at {mm[b1].gbps:.1f} GB/s "
               f"= {mm[b1].gbps * 1e9 / BW:.0%} of the DRAM figure, {mm[b1].gbps * 1e9 / cache_bw:.0%} of the cache figure")
         print(f"  everything else: {rest * 1e3:.2f} ms = {rest / tpot[b1]:.0%} of the step "
               f"({n_ops} ops in the step; an empty op costs {per_op * 1e6:.1f} us)")
@@ -265,7 +264,7 @@ cells = [
     """),
     code("""
         N_REQ = course_lib.pick(36, 200)
-        workload = sb.make_workload(pool, N_REQ, prompt_lens=(16, 256), output_median=24, output_max=256, seed=0)
+        workload = serving.make_workload(pool, N_REQ, prompt_lens=(16, 256), output_median=24, output_max=256, seed=0)
         outs = [r.max_new_tokens for r in workload]
         pcts = metrics.percentiles(outs)
         print(f"{N_REQ} requests, output tokens: " + ", ".join(f"p{p} {v:.0f}" for p, v in pcts.items())
@@ -273,7 +272,7 @@ cells = [
         print(f"mean / p50 = {np.mean(outs) / pcts[50]:.2f}; p99 / p50 = {pcts[99] / pcts[50]:.1f}")
         """, "check"),
     code("""
-        dist_traces = sb.serve(engine, workload, batch_size=1)
+        dist_traces = serving.serve(engine, workload, batch_size=1)
         dist = metrics.summarize(dist_traces)
         print(dist.table())
         """, "ignore"),
@@ -392,7 +391,7 @@ cells = [
     code("""
         for gpu in ("A100 80GB SXM", "H100 SXM", "H200 SXM"):
             spec = hardware.gpu_spec(gpu)
-            r = sb.output_input_ratio(l7, spec.peak_flops("bf16"), spec.bandwidth, "bf16")
+            r = roofline.output_input_ratio(l7, spec.peak_flops("bf16"), spec.bandwidth, "bf16")
             print(f"llama-2-7b bf16 on {gpu:<14}: 1 output token ~ {r:4.0f} input tokens at 100% of both peaks; "
                   f"{r * 0.5 / l7_mbu:4.0f} at 50% MFU and gpt-fast's {l7_mbu:.0%} MBU")
         """, "check"),
@@ -401,9 +400,9 @@ cells = [
     Anyscale's 100. The ratio for this machine, from its measured ceilings:
     """),
     code("""
-        ratio_roof = sb.output_input_ratio(shape, PEAK, BW, DT)
+        ratio_roof = roofline.output_input_ratio(shape, PEAK, BW, DT)
         print(f"this machine, tiny-target {DT}: roofline ratio {ratio_roof:.1f} "
-              f"(with the cache bandwidth: {sb.output_input_ratio(shape, PEAK, cache_bw, DT):.1f})")
+              f"(with the cache bandwidth: {roofline.output_input_ratio(shape, PEAK, cache_bw, DT):.1f})")
         """, "ignore"),
     md("""
     *Measure.* End-to-end latency over a grid of input and output lengths (batch 1), then a least-squares
@@ -412,8 +411,8 @@ cells = [
     code("""
         in_lens = course_lib.pick((16, 64, 128, 256), (16, 64, 128, 256, 384, 512))  # where TTFT is still ~linear
         out_lens = course_lib.pick((4, 16, 48), (4, 16, 32, 64, 128))
-        grid = sb.latency_grid(engine, pool, in_lens, out_lens, repeats=course_lib.pick(2, 5))
-        fit = sb.fit_latency(grid)
+        grid = serving.latency_grid(engine, pool, in_lens, out_lens, repeats=course_lib.pick(2, 5))
+        fit = serving.fit_latency(grid)
         print(f"latency ~ {fit.a * 1e3:.2f} ms + {fit.b * 1e6:.1f} us x input + {fit.c * 1e3:.2f} ms x output "
               f"(rms residual {fit.rms_s * 1e3:.2f} ms)")
         print(f"1 output token costs as much as {fit.ratio:.0f} input tokens "
@@ -509,11 +508,11 @@ cells = [
     """),
     code("""
         N_API = course_lib.pick(16, 64)
-        api_reqs = sb.make_workload(pool, N_API, prompt_lens=(16, 256), output_median=NEW, output_sigma=0.0, seed=1)
-        online = sb.serve(engine, api_reqs, batch_size=1)
+        api_reqs = serving.make_workload(pool, N_API, prompt_lens=(16, 256), output_median=NEW, output_sigma=0.0, seed=1)
+        online = serving.serve(engine, api_reqs, batch_size=1)
         ways = {"online, idle server": online,
-                "online, burst (queued)": sb.with_common_arrival(online),
-                "batch API": sb.serve(engine, api_reqs, batch_size=N_API, common_arrival=True)}
+                "online, burst (queued)": serving.with_common_arrival(online),
+                "batch API": serving.serve(engine, api_reqs, batch_size=N_API, common_arrival=True)}
         api = {name: metrics.summarize(tr) for name, tr in ways.items()}
         print(f"{N_API} requests of {NEW} output tokens")
         print(f"{'':<24}{'latency p50':>12}{'p99':>9}{'tok/s':>8}{'all done':>10}")
@@ -557,14 +556,14 @@ cells = [
     code("""
         BUSY_NEW = course_lib.pick(64, 256)
         busy_ids = pool[:PROMPT_LEN]
-        busy_flops = sb.generation_flops(shape, PROMPT_LEN, BUSY_NEW)
+        busy_flops = roofline.generation_flops(shape, PROMPT_LEN, BUSY_NEW)
 
         def decode_loop():
             engine.generate([busy_ids], SamplingParams(max_new_tokens=BUSY_NEW, ignore_eos=True))
 
-        read, source = sb.gpu_utilization_reader()
+        read, source = profiling.gpu_utilization_reader()
         if CUDA and read is not None:
-            readings, wall, calls = sb.sample_while(decode_loop, read, min_seconds=course_lib.pick(1.0, 3.0))
+            readings, wall, calls = profiling.sample_while(decode_loop, read, min_seconds=course_lib.pick(1.0, 3.0))
             gpu_mfu = busy_flops * calls / wall / PEAK
             print(f"GPU utilization ({source}): mean {np.mean(readings):.0f}% over {len(readings)} samples; "
                   f"MFU of the same loop: {gpu_mfu:.3%}")
@@ -573,7 +572,7 @@ cells = [
         """, "ignore"),
     code("""
         decode_loop()  # warm-up
-        busy = sb.cpu_busy(decode_loop, threads=1 if CUDA else None)  # on a GPU: the one host thread driving it
+        busy = profiling.cpu_busy(decode_loop, threads=1 if CUDA else None)  # on a GPU: the one host thread driving it
         cpu_mfu = busy_flops / busy.wall_s / PEAK
         print(f"{BUSY_NEW}-token generation: {busy.wall_s * 1e3:.0f} ms wall, {busy.cpu_s * 1e3:.0f} ms of CPU time "
               f"on {busy.threads} thread(s) -> busy {busy.fraction:.0%}")
@@ -726,7 +725,7 @@ cells = [
     answer = step / (accounting.prefill_flops(l7, 1) / h200.peak_flops("bf16"))
     ```
     About the H200's bf16 ridge point (2 bytes per parameter ÷ 2 FLOPs per parameter = 1), a little
-    above it because the embedding table is read but not multiplied — `sb.output_input_ratio` does this.
+    above it because the embedding table is read but not multiplied — `roofline.output_input_ratio` does this.
     </details>
 
     ## Summary

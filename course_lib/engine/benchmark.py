@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from course_lib.bench import benchmark
-from course_lib.engine.generate import Engine
+from course_lib.engine import Engine
 from course_lib.engine.sampling import SamplingParams
 from course_lib.models.accounting import ModelShape, kv_bytes_per_token, weight_bytes
 

@@ -33,7 +33,7 @@ def _check_int(name: str, value, *, lo: int, allowed: str) -> None:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick each next token; one set for the whole batch. Validated on construction."""
+    """How to pick each next token, and when to stop; one per request. Validated on construction."""
 
     temperature: float = 0.0          # 0 → greedy (argmax); > 0 divides logits before softmax
     top_k: int = 0                    # keep the k most likely tokens; 0 = off
@@ -47,6 +47,7 @@ class SamplingParams:
     ignore_eos: bool = False
     num_beams: int = 1                # > 1 = beam search, deterministic only (temperature 0)
     length_penalty: float = 1.0       # beam score = sum logprob / length ** length_penalty
+    stop: tuple[str, ...] = ()        # finish when the output text contains one of these strings
 
     def __post_init__(self) -> None:
         _check_float("temperature", self.temperature, lo=0.0, allowed="a finite float ≥ 0 (0 = greedy)")
@@ -64,6 +65,11 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.ignore_eos must be a bool, got {self.ignore_eos!r}")
         _check_int("num_beams", self.num_beams, lo=1, allowed="an int ≥ 1 (1 = no beam search)")
         _check_float("length_penalty", self.length_penalty, allowed="a finite float")
+        if isinstance(self.stop, list):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if not isinstance(self.stop, tuple) or not all(isinstance(x, str) and x for x in self.stop):
+            raise ValueError(f"SamplingParams.stop must be a tuple of non-empty strings, e.g. ('\\n\\n',), "
+                             f"got {self.stop!r}")
         if self.num_beams > 1 and self.temperature != 0:
             raise ValueError(f"SamplingParams.num_beams={self.num_beams} needs temperature=0 (beam search is "
                              f"deterministic here), got temperature={self.temperature!r}")

@@ -7,7 +7,7 @@ from course_lib.exercises import check
 from course_lib.hardware import gpu_spec
 from course_lib.metrics import SLO, RequestTrace, mbu, percentiles, summarize
 from course_lib.models.accounting import ModelShape, param_count
-from course_lib.serving_bench import output_input_ratio
+from course_lib.roofline import output_input_ratio
 
 
 def exercise_trace() -> RequestTrace:

@@ -1,0 +1,16 @@
+"""The attention backend seam: KV storage and attention over one flat ragged step.
+
+A backend owns two things the model must not care about: where each sequence's keys and values live
+(allocate / append / truncate / fork / free, bytes used vs reserved), and how attention is computed
+over a flat batch of new tokens whose sequences have different lengths. The model hands it
+``q, k, v`` of shape (N, heads, head_dim) per layer and gets (N, heads, head_dim) back.
+
+- ``ContiguousBackend``: one slab of ``max_len`` slots per sequence + SDPA (chapter 02's behaviour).
+- ``NoCacheBackend``: stores nothing; every step recomputes the whole sequence (chapter 05's baseline).
+- chapter 05 adds a paged backend (block tables) and Triton flash/paged kernels behind the same methods.
+"""
+from course_lib.engine.attention.base import AttentionBackend, AttentionMetadata, attention_ref
+from course_lib.engine.attention.contiguous import ContiguousBackend
+from course_lib.engine.attention.nocache import NoCacheBackend
+
+__all__ = ["AttentionBackend", "AttentionMetadata", "ContiguousBackend", "NoCacheBackend", "attention_ref"]

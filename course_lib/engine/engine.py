@@ -1,0 +1,403 @@
+"""The engine loop: requests in, one ``step()`` at a time, tokens out with their timestamps.
+
+    engine = Engine("tiny-target")
+    engine.add_request("def fibonacci(n):", SamplingParams(max_new_tokens=32))
+    while engine.has_unfinished():
+        for event in engine.step():        # schedule → one forward over the flat batch → sample → postprocess
+            print(event.request, event.token_id, event.time)
+
+``generate`` / ``events`` / ``stream`` are thin wrappers around that loop, and ``beam_search`` drives the
+same forward and KV storage directly. Every emitted token carries the ``time.perf_counter()`` at which
+its id reached the host (``.tolist()`` waits for the device), so TTFT/TPOT/throughput come from real
+events. Requests may be added between steps: with the ``continuous`` policy they join the running
+batch at the next step. Introduced in 02_metrics.ipynb; the architecture is drawn in ``engine/README.md``.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence as SequenceABC
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from course_lib.engine.attention import AttentionBackend, ContiguousBackend, NoCacheBackend
+from course_lib.engine.model import LlamaEngineModel, check_supported
+from course_lib.engine.sampler import Sampler
+from course_lib.engine.sampling import SamplingParams
+from course_lib.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from course_lib.engine.sequence import Sequence
+from course_lib.metrics import RequestTrace
+
+
+@dataclass
+class TokenEvent:
+    """One generated token as it happens: which request, which token, when."""
+
+    request: str | int
+    token_id: int
+    time: float
+    index: int  # 0 for the first generated token of that request
+    finished: bool = False
+    finish_reason: str | None = None  # "eos", "length" or "stop" on the request's last token
+
+
+@dataclass
+class GenerationResult:
+    request_id: str | int
+    prompt_ids: list[int]
+    output_ids: list[int]  # generated ids; ends with EOS when finish_reason == "eos"
+    text: str
+    finish_reason: str  # "eos", "length" or "stop"
+    trace: RequestTrace
+
+
+class Engine:
+    """A minimal inference engine over a ``transformers`` Llama-family checkpoint, shaped like vLLM's."""
+
+    def __init__(self, model="tiny-target", tokenizer=None, device: str | torch.device = "cpu", dtype: str = "fp32",
+                 config: SchedulerConfig | None = None, backend: AttentionBackend | None = None) -> None:
+        if config is not None and not isinstance(config, SchedulerConfig):
+            raise ValueError(f"config must be a SchedulerConfig, got {type(config).__name__}")
+        if isinstance(model, (str, Path)):
+            from course_lib.models.load import load_model
+
+            model, tokenizer = load_model(model, device=device, dtype=dtype)
+        elif tokenizer is None:
+            raise ValueError("pass the tokenizer together with a loaded model: Engine(hf_model, tokenizer)")
+        check_supported(model.config)
+        self.hf_model = model
+        self.tokenizer = tokenizer
+        self.model = LlamaEngineModel(model)
+        self.device = self.model.device
+        m = self.model
+        config = config or SchedulerConfig()
+        if config.max_model_len is None:
+            config = SchedulerConfig(config.policy, config.max_num_seqs, config.max_num_batched_tokens,
+                                     m.max_position, config.chunked_prefill)
+        elif config.max_model_len > m.max_position:
+            raise ValueError(f"SchedulerConfig.max_model_len={config.max_model_len} exceeds the model's context "
+                             f"window of {m.max_position} tokens")
+        self.config = config
+        self.backend = backend or ContiguousBackend(m.num_layers, m.num_kv_heads, m.head_dim, config.max_model_len,
+                                                    config.max_num_seqs, m.dtype, m.device)
+        if not isinstance(self.backend, AttentionBackend):
+            raise ValueError(f"backend must be an AttentionBackend, got {type(self.backend).__name__}")
+        self.scheduler = Scheduler(config, self.backend)
+        self.sampler = Sampler()
+        eos = getattr(model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
+        self._live: dict[str | int, Sequence] = {}  # unfinished requests by id
+        self._auto_ids = itertools.count()
+
+    # ---------------------------------------------------------------- inputs
+    def encode(self, prompts: SequenceABC[str] | SequenceABC[SequenceABC[int]] | str) -> list[list[int]]:
+        """Token ids per prompt (strings are tokenized; id lists pass through). Rejects empty prompts."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if not isinstance(prompts, SequenceABC) or len(prompts) == 0:
+            raise ValueError("prompts must be a non-empty list of strings or of token-id lists")
+        out = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                if not p:
+                    raise ValueError(f"prompts[{i}] is an empty string; give at least one character")
+                ids = self.tokenizer(p)["input_ids"]
+            else:
+                ids = [int(t) for t in p]
+                bad = [t for t in ids if not 0 <= t < self.model.vocab_size]
+                if bad:
+                    raise ValueError(f"prompts[{i}] has token ids outside [0, {self.model.vocab_size}): {bad[:5]}")
+            if not ids:
+                raise ValueError(f"prompts[{i}] encodes to zero tokens")
+            out.append(ids)
+        return out
+
+    def check_fits(self, ids: list[list[int]], max_new_tokens: int) -> None:
+        """Reject, before any work, a request the context window or the KV storage can never hold."""
+        limit = self.config.max_model_len
+        kv_limit = self.backend.max_tokens_per_seq()
+        for i, p in enumerate(ids):
+            if len(p) + max_new_tokens > limit:
+                raise ValueError(f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} it exceeds "
+                                 f"the context window of {limit} tokens")
+            if len(p) + max_new_tokens > kv_limit:
+                raise ValueError(f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs more "
+                                 f"KV storage than the whole cache holds for one sequence ({kv_limit} tokens)")
+            if not (self.config.chunked_prefill and self.backend.stores_kv) \
+                    and len(p) + max_new_tokens > self.config.max_num_batched_tokens:
+                raise ValueError(f"prompts[{i}] has {len(p)} tokens, more than max_num_batched_tokens="
+                                 f"{self.config.max_num_batched_tokens} with chunked prefill off: it could never run")
+
+    @staticmethod
+    def _check_params(params, where: str = "params") -> SamplingParams:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"{where} must be a SamplingParams, got {type(params).__name__}")
+        if params.num_beams > 1:
+            raise ValueError(f"{where}.num_beams={params.num_beams}: use Engine.beam_search (it returns whole "
+                             "sequences, not a stream)")
+        return params
+
+    # ---------------------------------------------------------------- the step loop
+    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | int | None = None,
+                    arrival: float | None = None) -> Sequence:
+        """Queue one request (a string or token ids); it runs from the next ``step()``. Bad input raises
+        ``ValueError`` here, before anything is queued, and leaves every other request untouched."""
+        params = self._check_params(params or SamplingParams())
+        if isinstance(prompt, str) or (isinstance(prompt, SequenceABC) and (not prompt or not isinstance(prompt[0], str))):
+            [ids] = self.encode([prompt])
+        else:
+            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        self.check_fits([ids], params.max_new_tokens)
+        if request_id is None:
+            request_id = next(self._auto_ids)
+            while request_id in self._live:
+                request_id = next(self._auto_ids)
+        elif request_id in self._live:
+            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
+        seq = Sequence(request_id, ids, params, time.perf_counter() if arrival is None else arrival, self.device)
+        self._live[request_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def abort(self, request_id: str | int) -> None:
+        """Drop an unfinished request and free its KV storage."""
+        seq = self._live.pop(request_id, None)
+        if seq is None:
+            raise ValueError(f"no unfinished request with id {request_id!r}")
+        self.scheduler.finish(seq, "abort", time.perf_counter())
+
+    @torch.inference_mode()
+    def step(self) -> list[TokenEvent]:
+        """schedule → one forward over the scheduled tokens → sample → postprocess. [] when idle."""
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        done = [seq.num_cached_tokens + n == seq.num_tokens for seq, n in zip(batch.seqs, batch.num_tokens)]
+        logits = self.execute(batch, done)  # (M, V): one row per sequence whose prompt is now complete
+        to_sample = [seq for seq, d in zip(batch.seqs, done) if d]
+        ids = self.sampler(logits, to_sample).ids.tolist() if to_sample else []  # waits for the device
+        now = time.perf_counter()
+        keeps_kv = self.backend.stores_kv
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.num_cached_tokens = seq.num_cached_tokens + n if keeps_kv else 0
+        events = []
+        for seq, tok in zip(to_sample, ids):
+            seq.token_ids.append(tok)
+            seq.token_times.append(now)
+            reason = self._finish_reason(seq, tok)
+            events.append(TokenEvent(seq.request_id, tok, now, seq.num_output_tokens - 1, reason is not None, reason))
+            if reason is not None:
+                self.scheduler.finish(seq, reason, now)
+                self._live.pop(seq.request_id, None)
+        return events
+
+    def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
+        p = seq.params
+        if tok in self.eos_ids and not p.ignore_eos:
+            return "eos"
+        if p.stop:
+            longest = max(len(s) for s in p.stop)
+            tail = self.tokenizer.decode(seq.output_ids[-(longest + 8):], skip_special_tokens=True)
+            if any(s in tail for s in p.stop):
+                return "stop"
+        if seq.num_output_tokens >= p.max_new_tokens:
+            return "length"
+        return None
+
+    def execute(self, batch: ScheduledBatch, want_logits: list[bool] | None = None) -> torch.Tensor:
+        """One forward over the flat batch; logits (M, V) of the last new token of each sequence flagged in
+        ``want_logits`` (default: all)."""
+        starts = [seq.num_cached_tokens for seq in batch.seqs]
+        chunks = [seq.token_ids[s:s + n] for seq, s, n in zip(batch.seqs, starts, batch.num_tokens)]
+        return self.forward([seq.kv for seq in batch.seqs], chunks, starts, want_logits)
+
+    def forward(self, handles: list, chunks: list[list[int]], starts: list[int],
+                want_logits: list[bool] | None = None) -> torch.Tensor:
+        """Run ``chunks[i]`` (new token ids of sequence i, at positions ``starts[i]...``) as one flat batch.
+        Storage must already have room (``backend.append``). Returns logits (M, V) as in ``execute``."""
+        flat: list[int] = []
+        positions: list[int] = []
+        for chunk, s in zip(chunks, starts):
+            flat += chunk
+            positions += range(s, s + len(chunk))
+        dev = self.device
+        input_ids = torch.tensor(flat, device=dev)  # (N,)
+        pos = torch.tensor(positions, device=dev)  # (N,)
+        lens = [len(c) for c in chunks]
+        meta = self.backend.prepare(handles, lens, pos)
+        want = want_logits if want_logits is not None else [True] * len(chunks)
+        index = None
+        if not (all(want) and len(flat) == len(chunks)):  # some rows have more than one token, or no logits
+            ends = list(itertools.accumulate(lens))
+            index = torch.tensor([e - 1 for e, w in zip(ends, want) if w], device=dev)  # (M,)
+        return self.model(input_ids, pos, meta, self.backend, logits_indices=index)
+
+    def kv_usage(self) -> dict[str, int]:
+        """Bytes of KV cache holding tokens vs reserved for the live sequences."""
+        return {"used": self.backend.bytes_used(), "reserved": self.backend.bytes_reserved()}
+
+    # ---------------------------------------------------------------- wrappers
+    @contextmanager
+    def _backend(self, use_kv_cache: bool):
+        """Temporarily swap in the no-cache backend (chapter 05's baseline); the engine must be idle."""
+        if use_kv_cache:
+            yield
+            return
+        if self.has_unfinished():
+            raise RuntimeError("use_kv_cache=False needs an idle engine: finish or abort the running requests first")
+        saved = self.backend
+        self.backend = self.scheduler.backend = NoCacheBackend(self.config.max_model_len)
+        try:
+            yield
+        finally:
+            self.backend = self.scheduler.backend = saved
+
+    def _params_list(self, params, n: int) -> list[SamplingParams]:
+        if params is None or isinstance(params, SamplingParams):
+            return [self._check_params(params or SamplingParams())] * n
+        if isinstance(params, (list, tuple)):
+            if len(params) != n:
+                raise ValueError(f"params is a list of {len(params)} SamplingParams but there are {n} prompts")
+            return [self._check_params(p, f"params[{i}]") for i, p in enumerate(params)]
+        raise ValueError(f"params must be a SamplingParams or a list of one per prompt, got {type(params).__name__}")
+
+    def events(self, ids: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
+               use_kv_cache: bool = True, arrival: float | None = None) -> Iterator[TokenEvent]:
+        """Run these prompts (token ids) to completion, yielding each token as soon as it is on the host.
+        ``event.request`` is the prompt's index. Needs an engine with no other unfinished requests."""
+        plist = self._params_list(params, len(ids))
+        for p in plist:
+            self.check_fits(ids, p.max_new_tokens)
+        if self.has_unfinished():
+            raise RuntimeError("generate/events need an idle engine; drive add_request/step yourself to mix "
+                               "them with other requests")
+        arrival = time.perf_counter() if arrival is None else arrival
+        with self._backend(use_kv_cache):
+            for i, (p_ids, p) in enumerate(zip(ids, plist)):
+                self.add_request(p_ids, p, request_id=i, arrival=arrival)
+            try:
+                while self.has_unfinished():
+                    yield from self.step()
+            finally:
+                for rid in list(self._live):  # the caller stopped early: free what is left
+                    self.abort(rid)
+
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
+                 use_kv_cache: bool = True, on_token: Callable[[TokenEvent], None] | None = None
+                 ) -> list[GenerationResult]:
+        """Generate for every prompt (one ``SamplingParams`` for all, or a list with one per prompt);
+        results in prompt order, each with its trace."""
+        arrival = time.perf_counter()
+        ids = self.encode(prompts)
+        plist = self._params_list(params, len(ids))
+        outputs: list[list[int]] = [[] for _ in ids]
+        times: list[list[float]] = [[] for _ in ids]
+        reasons: list[str] = ["length"] * len(ids)
+        for ev in self.events(ids, plist, use_kv_cache, arrival):
+            outputs[ev.request].append(ev.token_id)
+            times[ev.request].append(ev.time)
+            if ev.finish_reason:
+                reasons[ev.request] = ev.finish_reason
+            if on_token is not None:
+                on_token(ev)
+        results = []
+        for i, (p, out) in enumerate(zip(ids, outputs)):
+            trace = RequestTrace(request_id=i, arrival=arrival, prompt_tokens=len(p), token_times=times[i],
+                                 finish=times[i][-1] if times[i] else None)
+            text = self.tokenizer.decode(out, skip_special_tokens=True)
+            if reasons[i] == "stop":  # cut the text before the stop string, as the OpenAI API does
+                cut = min((text.find(s) for s in plist[i].stop if s in text), default=len(text))
+                text = text[:cut]
+            results.append(GenerationResult(i, p, out, text, reasons[i], trace))
+        return results
+
+    def stream(self, prompt: str, params: SamplingParams | None = None) -> Iterator[tuple[str, TokenEvent]]:
+        """Yield (text piece, event) per token of one prompt, decoding text incrementally."""
+        params = params or SamplingParams()
+        ids = self.encode([prompt])
+        out: list[int] = []
+        shown = ""
+        for ev in self.events(ids, params):
+            out.append(ev.token_id)
+            text = self.tokenizer.decode(out, skip_special_tokens=True)
+            if text.endswith("\ufffd") and not ev.finished:
+                piece = ""  # a multi-byte character is split across tokens: wait for its other bytes
+            else:
+                piece, shown = text[len(shown):], text
+            yield piece, ev
+
+    # ---------------------------------------------------------------- beam search
+    @torch.inference_mode()
+    def beam_search(self, prompt, num_beams: int = 4, max_new_tokens: int = 32, length_penalty: float = 1.0,
+                    ignore_eos: bool = False) -> list[int]:
+        """Keep the ``num_beams`` best partial sequences by total log-probability (Xiao & Zhu's beam decoding).
+
+        Finished hypotheses (ending in EOS) are scored sum_logprob / generated_len ** length_penalty.
+        Returns the best generated ids. With ``ignore_eos`` EOS is never chosen. Beams share the prompt's
+        KV by ``fork``; a beam that no child continues is ``free``d.
+        """
+        params = SamplingParams(num_beams=num_beams, max_new_tokens=max_new_tokens, length_penalty=length_penalty)
+        [ids] = self.encode([prompt] if isinstance(prompt, str) else [prompt])
+        self.check_fits([ids], params.max_new_tokens)
+        kv = self.backend
+        if not kv.stores_kv:
+            raise RuntimeError("beam_search needs a backend that stores KV")
+        root = kv.allocate()
+        handles = [root]
+        try:
+            kv.append(root, len(ids))
+            logits = self.forward([root], [ids], [0])  # (1, V)
+            scores = torch.zeros(1, device=self.device)
+            beams: list[list[int]] = [[]]
+            finished: list[tuple[float, list[int]]] = []
+            for step in range(max_new_tokens):
+                logp = torch.log_softmax(logits.float(), dim=-1)  # (nb, V)
+                V = logp.shape[-1]
+                if ignore_eos:
+                    logp[:, list(self.eos_ids)] = -math.inf
+                cand = (scores[:, None] + logp).flatten()  # (nb*V,)
+                top_scores, top_idx = cand.topk(2 * num_beams)
+                next_rows, next_tokens, next_scores = [], [], []
+                for rank, (s, flat) in enumerate(zip(top_scores.tolist(), top_idx.tolist())):
+                    row, tok = divmod(flat, V)
+                    if tok in self.eos_ids:
+                        if rank < num_beams:  # an EOS outside the top num_beams is not a real candidate
+                            finished.append((s / (step + 1) ** length_penalty, beams[row] + [tok]))
+                        continue
+                    next_rows.append(row)
+                    next_tokens.append(tok)
+                    next_scores.append(s)
+                    if len(next_rows) == num_beams:
+                        break
+                best_running = max(next_scores) / (step + 1) ** length_penalty
+                if finished and max(f[0] for f in finished) >= best_running and length_penalty >= 0:
+                    break  # no running beam can still beat the best finished one (scores only fall)
+                new_handles, used = [], set()
+                for r in next_rows:  # a parent's first child takes its storage, later children fork it
+                    new_handles.append(kv.fork(handles[r]) if r in used else handles[r])
+                    used.add(r)
+                for r, h in enumerate(handles):
+                    if r not in used:
+                        kv.free(h)
+                handles = new_handles
+                beams = [beams[r] + [t] for r, t in zip(next_rows, next_tokens)]
+                scores = torch.tensor(next_scores, device=self.device)
+                if step + 1 < max_new_tokens:
+                    for h in handles:
+                        kv.append(h, 1)
+                    logits = self.forward(handles, [[t] for t in next_tokens], [kv.length(h) - 1 for h in handles])
+            for s, b in zip(scores.tolist(), beams):
+                finished.append((s / max(1, len(b)) ** length_penalty, b))
+            return max(finished, key=lambda f: f[0])[1]
+        finally:
+            for h in handles:
+                kv.free(h)

@@ -1,0 +1,71 @@
+"""The linear seam: every projection of the model is an object with ``forward(x)``.
+
+A decode step is a chain of skinny matmuls ``(tokens, in) @ (in, out)``: each reads its whole weight
+for a handful of rows, so it is bandwidth-bound and its speed is bytes of weight ÷ memory bandwidth.
+The model never calls ``F.linear`` itself; it calls these objects. A weight-only int8/int4 layer
+(chapter 03) or a column/row-parallel layer (chapter 07) replaces one with ``model.set_linear(name, new)``
+without touching the model code. Introduced in 02_metrics.ipynb.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class Linear:
+    """``y = x Wᵀ + b`` with ``weight`` (out, in): the reference every other linear layer is tested against."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            raise ValueError(f"weight must be a 2-D (out_features, in_features) tensor, got "
+                             f"{getattr(weight, 'shape', type(weight).__name__)}")
+        if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
+            raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+        self.weight = weight  # (out, in)
+        self.bias = bias  # (out,) or None
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a forward must read from memory: the weight (and bias), whatever the batch."""
+        b = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+        return self.weight.numel() * self.weight.element_size() + b
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) → (..., out)."""
+        return F.linear(x, self.weight, self.bias)
+
+    __call__ = forward
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(in={self.in_features}, out={self.out_features}, "
+                f"bias={self.bias is not None}, dtype={self.weight.dtype})")
+
+    @classmethod
+    def fuse(cls, *linears: torch.nn.Linear) -> "Linear":
+        """One layer for several ``nn.Linear`` that read the same input (q/k/v, gate/up): their weights
+        stacked along ``out``, one matmul instead of several. The modules' parameters become views of the
+        stacked tensor, so the HF model keeps working and no memory is duplicated."""
+        if not linears:
+            raise ValueError("fuse needs at least one torch.nn.Linear")
+        if len(linears) == 1:  # nothing to stack: share the tensors as they are
+            lin = linears[0]
+            return cls(lin.weight.data, None if lin.bias is None else lin.bias.data)
+        weight = torch.cat([lin.weight.data for lin in linears], dim=0)  # (sum out, in)
+        has_bias = [lin.bias is not None for lin in linears]
+        bias = torch.cat([lin.bias.data for lin in linears], dim=0) if all(has_bias) else None
+        start = 0
+        for lin in linears:
+            rows = lin.weight.shape[0]
+            lin.weight.data = weight[start: start + rows]  # shared storage
+            if bias is not None:
+                lin.bias.data = bias[start: start + rows]
+            start += rows
+        return cls(weight, bias)

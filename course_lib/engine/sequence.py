@@ -1,0 +1,82 @@
+"""A request inside the engine: its tokens, its state, its sampling and its timeline.
+
+The scheduler moves sequences between queues by ``status``; the attention backend keeps their keys and
+values behind ``kv`` (a handle only it understands: a row of the contiguous cache, a block table in
+chapter 05). ``num_cached_tokens`` says how many of ``token_ids`` already have K/V stored, so the next
+forward processes exactly ``num_tokens - num_cached_tokens`` of them: the whole prompt at first (prefill),
+a chunk of it (chunked prefill), one token (decode), or everything again after a preemption.
+Introduced in 02_metrics.ipynb; chapters 04-06 read and change it.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import torch
+
+from course_lib.engine.sampling import SamplingParams, make_generator
+from course_lib.metrics import RequestTrace
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"        # queued, no KV storage
+    RUNNING = "running"        # admitted: has KV storage, is scheduled every step
+    PREEMPTED = "preempted"    # evicted for memory; KV freed, back in the queue to be recomputed
+    FINISHED = "finished"      # done (eos, length, stop string, or aborted); KV freed
+
+
+class Sequence:
+    """One request. ``token_ids`` is prompt + output; ``params`` and ``generator`` are its own."""
+
+    def __init__(self, request_id: str | int, prompt_ids: list[int], params: SamplingParams, arrival: float,
+                 device: str | torch.device = "cpu") -> None:
+        self.request_id = request_id
+        self.token_ids: list[int] = list(prompt_ids)
+        self.num_prompt_tokens = len(prompt_ids)
+        self.params = params
+        # one generator per request, reused every step: the same seed gives the same tokens in any batch
+        seeded = params.seed is not None and not params.greedy
+        self.generator: torch.Generator | None = make_generator(params.seed, device) if seeded else None
+        self.status = SequenceStatus.WAITING
+        self.num_cached_tokens = 0  # tokens of token_ids whose K/V are in the cache
+        self.kv: Any = None  # the attention backend's storage handle while RUNNING
+        self.arrival = arrival
+        self.token_times: list[float] = []  # perf_counter when each output token reached the host
+        self.finish_time: float | None = None
+        self.finish_reason: str | None = None  # "eos", "length", "stop" or "abort"
+        self.num_preemptions = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens the next forward must process for this sequence (prompt, chunk remainder, or 1)."""
+        return len(self.token_ids) - self.num_cached_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def trace(self) -> RequestTrace:
+        """Arrival and per-token times as a ``metrics.RequestTrace`` (TTFT, TPOT, latency)."""
+        return RequestTrace(self.request_id, self.arrival, self.num_prompt_tokens, list(self.token_times),
+                            finish=self.finish_time)
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
+                f"out={self.num_output_tokens}, cached={self.num_cached_tokens})")
