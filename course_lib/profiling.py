@@ -61,7 +61,7 @@ def matmul_weights(engine) -> list[torch.Tensor]:
     """Every weight matrix a decode step multiplies by: the ``.weight`` of each linear layer that
     ``engine.model.linears()`` yields, in order (q/k/v, o and the MLP of each layer, fused or not,
     whatever the engine's layout), the LM head last. Norm vectors and biases are left out."""
-    return [lin.weight for lin in engine.model.linears()]  # each (out_features, in_features); the LM head (V, D)
+    return [lin.weight for _, lin in engine.model.linears()]  # each (out_features, in_features); the LM head (V, D)
 
 
 def time_matmuls(engine, batch: int = 1, repeats: int | None = None):
@@ -71,7 +71,7 @@ def time_matmuls(engine, batch: int = 1, repeats: int | None = None):
     from course_lib.bench import benchmark
 
     check_positive_int("batch", batch)
-    lins = list(engine.model.linears())
+    lins = [lin for _, lin in engine.model.linears()]
     mats = [lin.weight for lin in lins]  # each (out_features, in_features)
     gen = torch.Generator(device=engine.device).manual_seed(0)
     xs = [torch.randn(batch, m.shape[1], generator=gen, device=engine.device).to(m.dtype) for m in mats]  # (B, in)

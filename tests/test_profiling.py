@@ -18,7 +18,7 @@ def engine(tokenizer):
 
 
 def test_time_matmuls(engine):
-    lins = list(engine.model.linears())
+    lins = [lin for _, lin in engine.model.linears()]
     mats = profiling.matmul_weights(engine)
     shape = accounting.ModelShape.from_config(engine.hf_model.config)
     assert len(mats) == len(lins) and all(m.data_ptr() == lin.weight.data_ptr() for m, lin in zip(mats, lins))
@@ -47,7 +47,7 @@ class _CountingLinear(torch.nn.Linear):
 def test_time_matmuls_calls_each_linear():
     torch.manual_seed(0)
     lins = [_CountingLinear(8, 12, bias=False), _CountingLinear(12, 8, bias=False), _CountingLinear(8, 20, bias=False)]
-    fake = SimpleNamespace(model=SimpleNamespace(linears=lambda: iter(lins)), device=torch.device("cpu"))
+    fake = SimpleNamespace(model=SimpleNamespace(linears=lambda: iter([(f"l{i}", lin) for i, lin in enumerate(lins)])), device=torch.device("cpu"))
     mats = profiling.matmul_weights(fake)
     assert len(mats) == 3 and all(m is lin.weight for m, lin in zip(mats, lins))
     t = profiling.time_matmuls(fake, batch=3, repeats=4)
