@@ -238,7 +238,7 @@ class Engine:
         index = None
         if not (all(want) and len(flat) == len(chunks)):  # some rows have more than one token, or no logits
             ends = list(itertools.accumulate(lens))
-            index = torch.tensor([e - 1 for e, w in zip(ends, want) if w], device=dev)  # (M,)
+            index = torch.tensor([e - 1 for e, w in zip(ends, want) if w], dtype=torch.long, device=dev)  # (M,)
         return self.model(input_ids, pos, meta, self.backend, logits_indices=index)
 
     def kv_usage(self) -> dict[str, int]:

@@ -173,6 +173,8 @@ class LlamaEngineModel:
                 logits_indices: torch.Tensor | None = None) -> torch.Tensor:
         """Flat ids and positions (N,) → logits (N, V), or (M, V) only at the flat ``logits_indices`` (M,)."""
         x = self.run_layers(self.embed(input_ids), positions, meta, backend)
+        if logits_indices is not None and logits_indices.numel() == 0:  # a prefill chunk that samples nothing
+            return x.new_empty(0, self.vocab_size)
         if logits_indices is not None:
             x = x[logits_indices]  # (M, D): a prefill needs only its last token's logits
         return self.head(x)
