@@ -183,9 +183,9 @@ cells = [
         batches = course_lib.pick((1, 2, 4, 8, 16, 32), (1, 2, 4, 8, 16, 32, 64, 128, 256))
         PROMPT_LEN, NEW = 64, course_lib.pick(32, 64)
         ctx = PROMPT_LEN + NEW // 2  # average keys per step
-        cache = engine.new_cache(1, ctx + 1)
-        engine.prefill([pool[:ctx]], cache)
-        n_ops = profiling.count_ops(lambda: engine.decode_step(torch.tensor([pool[ctx]], device=DEV), cache))
+        engine.add_request(pool[:ctx], SamplingParams(max_new_tokens=2, ignore_eos=True))
+        engine.step()  # the prefill (and the first token)
+        n_ops = profiling.count_ops(engine.step)  # one whole decode step: forward, sampling, bookkeeping
         per_op = profiling.per_op_overhead_s(DEV)
         floor = n_ops * per_op
         tpot_dram = {b: roofline.decode_time(shape, ctx, PEAK, BW, DT, b) for b in batches}
