@@ -1,8 +1,10 @@
 """Decode speed of our engine vs Hugging Face ``generate`` on the same model, inputs and machine.
 
 Decode time per step is measured as (time to generate N tokens − time to generate 1 token) / (N−1):
-the prefill and set-up cancel, what is left is the bandwidth-bound decode loop. MBU compares the
-bytes a step must move (every weight + the KV cache read) with the measured memory bandwidth.
+the prefill and set-up cancel, what is left is the bandwidth-bound decode loop. Two ways to read it:
+- MBU: the bytes a step must move (every weight + the KV cache read) over the measured bandwidth;
+- the effective weight bandwidth: the bytes of the weights a step multiplies by, divided by the
+  step time, i.e. how fast the engine streams its weights, to set beside the STREAM bandwidth.
 Used by ``benchmarks/engine_vs_hf.py`` and 02_metrics.ipynb.
 """
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from course_lib.bench import benchmark
-from course_lib.engine import Engine
+from course_lib.engine.engine import Engine
 from course_lib.engine.sampling import SamplingParams
 from course_lib.models.accounting import ModelShape, kv_bytes_per_token, weight_bytes
 
@@ -29,6 +31,13 @@ class DecodeRow:
     step_ms_hf: float
     bytes_per_step: float
     mbu_engine: float | None  # vs the measured bandwidth; None if not given
+    weight_gbps_engine: float = 0.0  # bytes of the matmul weights / step time
+    weight_gbps_hf: float = 0.0
+
+
+def matmul_weight_bytes(engine: Engine) -> int:
+    """Bytes of every weight a decode step multiplies by (all linear layers, the LM head included)."""
+    return sum(lin.nbytes for _, lin in engine.model.linears())
 
 
 def _step_time(run, new_tokens: int, repeats: int) -> float:
@@ -49,6 +58,7 @@ def engine_vs_hf(engine: Engine, batches=(1, 8), new_tokens: int = 64, repeats: 
     shape = ModelShape.from_config(hf.config)
     dtype = str(engine.model.dtype).removeprefix("torch.")
     ids = tok(prompt, return_tensors="pt")["input_ids"].to(engine.device)
+    w_bytes = matmul_weight_bytes(engine)
     rows = []
     for b in batches:
         prompts = [prompt] * b
@@ -65,17 +75,39 @@ def engine_vs_hf(engine: Engine, batches=(1, 8), new_tokens: int = 64, repeats: 
         context = ids.shape[1] + new_tokens / 2  # average keys per step
         moved = weight_bytes(shape, dtype) + kv_bytes_per_token(shape, dtype) * context * b
         mbu = moved / t_ours / bandwidth_bytes_per_s if bandwidth_bytes_per_s else None
-        rows.append(DecodeRow(b, b / t_ours, b / t_hf, t_hf / t_ours, t_ours * 1e3, t_hf * 1e3, moved, mbu))
+        rows.append(DecodeRow(b, b / t_ours, b / t_hf, t_hf / t_ours, t_ours * 1e3, t_hf * 1e3, moved, mbu,
+                              w_bytes / t_ours / 1e9, w_bytes / t_hf / 1e9))
     return rows
 
 
-def format_rows(rows: list[DecodeRow]) -> str:
-    head = f"{'batch':>5} {'engine tok/s':>13} {'HF tok/s':>10} {'ratio':>6} {'step ms (ours/HF)':>18} {'MBU':>7}"
+def profile_decode_step(engine: Engine, batch: int = 1, steps: int = 20, row_limit: int = 15) -> str:
+    """``torch.profiler`` table of ``steps`` decode steps at ``batch``: where a step's time goes, by op."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(batch):
+        engine.add_request(PROMPT, SamplingParams(max_new_tokens=steps + 2, ignore_eos=True))
+    engine.step()  # prefill
+    engine.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=row_limit)
+
+
+def format_rows(rows: list[DecodeRow], stream_gbps: float | None = None) -> str:
+    head = (f"{'batch':>5} {'engine tok/s':>13} {'HF tok/s':>10} {'ratio':>6} {'step ms (ours/HF)':>18} {'MBU':>7} "
+            f"{'weights GB/s (ours/HF)':>23}")
     lines = [head, "-" * len(head)]
     for r in rows:
         mbu = f"{r.mbu_engine:.1%}" if r.mbu_engine is not None else "—"
+        bw = f"{r.weight_gbps_engine:6.1f} / {r.weight_gbps_hf:<6.1f}"
+        if stream_gbps:
+            bw += f" ({r.weight_gbps_engine / stream_gbps:.0%})"
         lines.append(f"{r.batch:>5} {r.engine_tok_s:>13.1f} {r.hf_tok_s:>10.1f} {r.ratio:>5.2f}x "
-                     f"{r.step_ms_engine:>8.2f} / {r.step_ms_hf:<7.2f} {mbu:>7}")
+                     f"{r.step_ms_engine:>8.2f} / {r.step_ms_hf:<7.2f} {mbu:>7} {bw:>23}")
     return "\n".join(lines)
 
 

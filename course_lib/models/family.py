@@ -59,6 +59,10 @@ SPECS: dict[str, TinySpec] = {
                             description="target model: 6 layers, GQA 8 query heads / 2 KV heads"),
     "tiny-draft": TinySpec("tiny-draft", 96, 2, 3, 1, 256,
                            description="draft model for speculative decoding: ~8x fewer parameters, same tokenizer"),
+    # random weights only: speed does not depend on weight values (benchmarks/engine_vs_hf.py)
+    "bench-80m": TinySpec("bench-80m", 768, 12, 12, 4, 2048,
+                          description="~79M parameters (314 MB fp32, ten times a 32 MB L3): decode speed on "
+                                      "a model that does not fit in cache; random weights, never trained"),
     # smoke: used by the tests to train a few steps in seconds
     "smoke": TinySpec("smoke", 32, 1, 2, 1, 64, max_position=128, description="a few-second smoke-test model"),
 }

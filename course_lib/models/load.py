@@ -103,3 +103,22 @@ def load_model(name_or_path: str | Path = "tiny-target", device: str | torch.dev
         raise
     model.to(dev).eval()
     return model, tokenizer
+
+
+def random_model(spec_name: str = "bench-80m", device: str | torch.device = "cpu", dtype: str = "fp32",
+                 seed: int = 0):
+    """(model, tokenizer): a ``family.SPECS`` shape with random weights and the course tokenizer, for speed
+    measurements only (its text is noise). Nothing is downloaded or read but the tokenizer."""
+    from transformers import LlamaForCausalLM
+
+    from course_lib.models.family import SPECS
+    from course_lib.models.train import load_tokenizer
+
+    if spec_name not in SPECS:
+        raise ValueError(f"unknown model spec {spec_name!r}; valid: {sorted(SPECS)}")
+    dev, tdt = parse_device(device), torch_dtype(dtype)
+    tokenizer = load_tokenizer(data_dir() / "models" / "tokenizer")
+    config = SPECS[spec_name].to_config(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(device=dev, dtype=tdt).eval()
+    return model, tokenizer
