@@ -237,3 +237,12 @@ def test_contiguous_storage_bookkeeping():
         backend.free(a)
     with pytest.raises(ValueError, match="max_seqs"):
         ContiguousBackend(1, 1, 4, 8, 0)
+
+
+def test_rope_in_three_ops_equals_the_textbook_form():
+    from course_lib.engine.model import apply_rope, rotate_half
+
+    torch.manual_seed(0)
+    x, cos, sin = torch.randn(5, 3, 8), torch.randn(5, 1, 8), torch.randn(5, 1, 8)
+    signed = torch.cat((-sin[..., :4], sin[..., 4:]), dim=-1)
+    torch.testing.assert_close(apply_rope(x, cos, signed), x * cos + rotate_half(x) * sin, atol=1e-6, rtol=1e-6)

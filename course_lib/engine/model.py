@@ -50,8 +50,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) → (−x2, x1) on the last dim: RoPE rotates each pair (x1[i], x2[i]) by its angle."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x · cos + rotate_half(x) · sin in three ops: ``roll`` swaps the halves and the sign of the first
+    half lives in ``signed_sin`` = (−sin, sin). The same maths as the textbook form, to fp rounding."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
 def check_supported(config) -> None:
@@ -132,6 +139,10 @@ class LlamaEngineModel:
             return self._rope_compute(positions)
         return self._cos[positions], self._sin[positions]
 
+    def _signed(self, sin: torch.Tensor) -> torch.Tensor:
+        half = self.head_dim // 2
+        return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
     def _rope_compute(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE angles: position · inv_freq, as cos/sin (N, hd) — what the table stores."""
         freqs = positions[:, None].float() * self.inv_freq  # (N, hd/2)
@@ -149,14 +160,14 @@ class LlamaEngineModel:
         N = x.shape[0]
         H, Hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = self.rope(positions)
-        cos, sin = cos[:, None], sin[:, None]  # (N, 1, hd): broadcast over heads
+        cos, sin = cos[:, None], self._signed(sin)[:, None]  # (N, 1, hd): broadcast over heads
         for i in range(start, self.num_layers if stop is None else stop):
             w = self.layers[i]
             h = rms_norm(x, w.attn_norm, self.eps)
             qkv = w.qkv(h)  # (N, (H + 2·Hkv)·hd): one matmul for q, k and v
             qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
             qk = qk.view(N, H + Hkv, hd)
-            qk = qk * cos + rotate_half(qk) * sin  # RoPE on queries and keys in one pass
+            qk = apply_rope(qk, cos, sin)  # RoPE on queries and keys in one pass: qk·cos + rotate_half(qk)·sin
             q, k = qk.split([H, Hkv], dim=1)  # (N, H, hd), (N, Hkv, hd)
             o = backend.forward(i, q, k, v.view(N, Hkv, hd), meta)  # (N, H, hd): stores k/v, attends
             x = x + w.o(o.reshape(N, H * hd))  # (N, D)
