@@ -246,3 +246,32 @@ def test_rope_in_three_ops_equals_the_textbook_form():
     x, cos, sin = torch.randn(5, 3, 8), torch.randn(5, 1, 8), torch.randn(5, 1, 8)
     signed = torch.cat((-sin[..., :4], sin[..., 4:]), dim=-1)
     torch.testing.assert_close(apply_rope(x, cos, signed), x * cos + rotate_half(x) * sin, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 16, 17, 40])
+@pytest.mark.parametrize("shape", [(2304, 768), (1, 768), (4096, 256), (17, 1000)])
+def test_skinny_linear_equals_the_reference(shape, rows):
+    from course_lib.engine.layers import Linear, SkinnyLinear
+
+    torch.manual_seed(rows)
+    W, b = torch.randn(*shape) / shape[1] ** 0.5, torch.randn(shape[0])
+    x = torch.randn(rows, shape[1])
+    fast = SkinnyLinear(W, b, min_bytes=0)
+    with torch.inference_mode():
+        torch.testing.assert_close(fast(x), Linear(W, b)(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(SkinnyLinear(W, None, min_bytes=0)(x), Linear(W)(x), atol=1e-5, rtol=1e-5)
+    assert SkinnyLinear(W.half(), min_bytes=0).enabled is False  # fp16 on a CPU: the reference path
+
+
+def test_engine_linear_choice(tokenizer):
+    from course_lib.engine.layers import Linear, SkinnyLinear
+
+    hf = random_llama(tokenizer, seed=12)
+    kinds = {name: {type(lin) for _, lin in Engine(hf, tokenizer, linear=name).model.linears()}
+             for name in ("reference", "skinny")}
+    assert kinds == {"reference": {Linear}, "skinny": {SkinnyLinear}}
+    ref = Engine(hf, tokenizer, linear="reference").generate(PROMPTS, SamplingParams(max_new_tokens=12))
+    fast = Engine(hf, tokenizer, linear="skinny").generate(PROMPTS, SamplingParams(max_new_tokens=12))
+    assert [r.output_ids for r in ref] == [r.output_ids for r in fast]
+    with pytest.raises(ValueError, match="linear must be one of"):
+        Engine(hf, tokenizer, linear="fast")

@@ -25,12 +25,15 @@ from pathlib import Path
 import torch
 
 from course_lib.engine.attention import AttentionBackend, ContiguousBackend, NoCacheBackend
+from course_lib.engine.layers import SkinnyLinear
 from course_lib.engine.model import LlamaEngineModel, check_supported
 from course_lib.engine.sampler import Sampler
 from course_lib.engine.sampling import SamplingParams
 from course_lib.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from course_lib.engine.sequence import Sequence
 from course_lib.metrics import RequestTrace
+
+LINEAR_CHOICES = ("auto", "reference", "skinny")
 
 
 @dataclass
@@ -59,7 +62,12 @@ class Engine:
     """A minimal inference engine over a ``transformers`` Llama-family checkpoint, shaped like vLLM's."""
 
     def __init__(self, model="tiny-target", tokenizer=None, device: str | torch.device = "cpu", dtype: str = "fp32",
-                 config: SchedulerConfig | None = None, backend: AttentionBackend | None = None) -> None:
+                 config: SchedulerConfig | None = None, backend: AttentionBackend | None = None,
+                 linear: str = "auto") -> None:
+        """``linear``: "reference" (``F.linear`` everywhere), "skinny" (``layers.SkinnyLinear``: decode-shaped
+        products routed to the fastest CPU kernel) or "auto" (skinny for fp32 on a CPU, else reference)."""
+        if linear not in LINEAR_CHOICES:
+            raise ValueError(f"linear must be one of {LINEAR_CHOICES}, got {linear!r}")
         if config is not None and not isinstance(config, SchedulerConfig):
             raise ValueError(f"config must be a SchedulerConfig, got {type(config).__name__}")
         if isinstance(model, (str, Path)):
@@ -74,6 +82,9 @@ class Engine:
         self.model = LlamaEngineModel(model)
         self.device = self.model.device
         m = self.model
+        if linear == "skinny" or (linear == "auto" and m.device.type == "cpu" and m.dtype == torch.float32):
+            for name, lin in list(m.linears()):
+                m.set_linear(name, SkinnyLinear.from_linear(lin))
         config = config or SchedulerConfig()
         if config.max_model_len is None:
             config = SchedulerConfig(config.policy, config.max_num_seqs, config.max_num_batched_tokens,
