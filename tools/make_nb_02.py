@@ -247,7 +247,7 @@ cells = [
     few rows usually fall short of either roof. Everything else — norms, rotary embeddings, KV-cache writes, attention, sampling, a few
     hundred ops dispatched one by one from Python — costs the rest, and for a 256-wide model that is a
     large share of the step: the roofline sees bytes and FLOPs, not ops. That is why real engines capture
-    the decode step in a CUDA graph or compile it (chapter 07): a 7B model's step moves gigabytes and
+    the decode step in a CUDA graph or compile it: a 7B model's step moves gigabytes and
     the same few hundred dispatches vanish in it, but a small model — or a fast GPU — is dominated by
     them. As the batch grows the step time first barely moves (the weights are read once for everyone),
     then climbs once the per-sequence work — FLOPs, KV-cache reads, attention — takes over.
@@ -602,22 +602,47 @@ cells = [
         """, "check"),
     md("""
     Then decode speed. `engine_vs_hf` times N tokens minus 1 token for both, so the prefill and set-up
-    cancel and what remains is the decode loop; its MBU is against the measured memory bandwidth.
+    cancel and what remains is the decode loop. Two readings of the same time: MBU (every byte a step
+    must move, over the measured memory bandwidth) and the *effective weight bandwidth* (the bytes of
+    the weights a step multiplies by, over the step time), to set beside the STREAM-like triad of
+    section 0. *Predict:* if a decode step were nothing but streaming the weights at full speed, the last
+    column would read 100%.
     """),
     code("""
         rows = engine_vs_hf(engine, batches=course_lib.pick((1, 8), (1, 8, 64)), new_tokens=course_lib.pick(32, 128),
                             bandwidth_bytes_per_s=BW)
-        print(format_rows(rows))
+        print(format_rows(rows, stream_gbps=BW / 1e9))
         for r in rows:
             print(f"batch {r.batch}: HF spends {r.step_ms_hf - r.step_ms_engine:+.2f} ms per step more than our loop")
         """, "ignore"),
     md("""
-    *Explain.* Both run the same weights through the same kinds of kernels; the difference is what
-    happens around them each step. `generate` updates a general-purpose cache object, runs its chain of
-    logits processors and stopping criteria, and goes through the module tree with its hooks; our loop
-    calls one forward function over a preallocated cache. The extra milliseconds per step printed below
-    are that bookkeeping. For a model whose step moves gigabytes of weights the same fixed cost is a
-    rounding error and the ratio tends to 1; for a 5M-parameter model it is a visible share of the step.
+    Where does our step's time go? The engine reaches every projection through one seam, a `Linear`
+    object with a `forward(x)` (`course_lib/engine/layers.py`). On a CPU the default is `SkinnyLinear`:
+    decode-shaped products (1–16 rows) go to oneDNN with the weight packed once into its blocked layout,
+    everything else to `F.linear`, the reference it is tested against. Swap the seam and time the
+    weights alone, then one whole step:
+    """),
+    code("""
+        ref_engine = Engine(engine.hf_model, engine.tokenizer, device=DEV, dtype=DT, linear="reference")
+        for name, eng in (("F.linear (reference)", ref_engine), (type(next(engine.model.linears())[1]).__name__, engine)):
+            mm1 = profiling.time_matmuls(eng, 1, repeats=course_lib.pick(10, 20))
+            print(f"{name:>22}: {mm1.median_s * 1e3:.2f} ms for the {len(profiling.matmul_weights(eng))} products of a "
+                  f"batch-1 step = {mm1.gbps:.1f} GB/s of weights ({mm1.gbps * 1e9 / BW:.0%} of the memory figure)")
+        step_ms = rows[0].step_ms_engine
+        print(f"one whole engine step at batch 1: {step_ms:.2f} ms, of which the products above are "
+              f"{mm1.median_s * 1e3 / step_ms:.0%}; the rest is the ~{n_ops} other ops, sampling and bookkeeping")
+        """, "ignore"),
+    md("""
+    *Explain.* Both engines run the same weights; the differences are (1) which kernel streams them and
+    (2) what happens around the kernels each step. `generate` goes through the module tree with its
+    hooks, a general-purpose cache object and a chain of logits processors and stopping criteria, and
+    multiplies with torch's default matmul path. Our step does one forward over a flat batch, and its
+    linear seam picks a kernel made for skinny products. Which of the two effects dominates depends on
+    the model: for a 5M-parameter model the fixed per-op costs are a visible share of a step; for a model
+    whose weights do not fit in the cache (the course's benchmark `benchmarks/engine_vs_hf.py --model
+    bench-80m`, 314 MB of random weights) the products take almost the whole step, and only a kernel that
+    streams faster helps. The gap between the last column and 100% is what is left: a kernel that reads
+    at the bandwidth roof, and fewer ops per step (compiling the step, or on a GPU a CUDA graph).
 
     ### Record the headline figures
     """),
@@ -634,6 +659,8 @@ cells = [
                note="Anyscale (seed 000): 100")
         record(ch, "latency_p99_over_p50", dist.latency[99] / dist.latency[50], "x")
         record(ch, "engine_vs_hf_b1", rows[0].ratio, "x", note="decode tok/s, engine / HF generate")
+        record(ch, "engine_weight_gbps_b1", rows[0].weight_gbps_engine, "GB/s", theory=BW / 1e9,
+               note="weight bytes / decode step time; theory: the measured memory bandwidth")
         record(ch, "cpu_busy_fraction", busy.fraction, "fraction", note=f"MFU of the same loop {cpu_mfu:.3f}")
         print("recorded", ch)
         """, "ignore"),
