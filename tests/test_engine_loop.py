@@ -298,3 +298,21 @@ def test_preempted_requests_recompute_to_the_same_tokens(target, pool):
         engine.step()
     assert sum(s.num_preemptions for s in seqs) > 0  # 4 × 54 tokens cannot fit in 150
     assert [s.output_ids for s in seqs] == alone
+
+
+def test_kv_budget_buys_contiguous_rows(tokenizer):
+    hf = random_llama(tokenizer, seed=13)
+    engine = Engine(hf, tokenizer, config=SchedulerConfig(max_num_seqs=8, max_model_len=64, max_kv_tokens=130))
+    assert engine.backend.max_seqs == 2  # 130 tokens of budget / 64 reserved per sequence
+    seqs = [engine.add_request([3, 4, 5], SamplingParams(max_new_tokens=4, ignore_eos=True)) for _ in range(3)]
+    engine.step()
+    assert [s.status.value for s in seqs] == ["running", "running", "waiting"]  # the third waits for a row
+    assert engine.kv_usage() == {"used": 2 * 3 * engine.backend.bytes_per_token,
+                                 "reserved": 2 * 64 * engine.backend.bytes_per_token}
+    while engine.has_unfinished():
+        engine.step()
+    assert all(s.num_output_tokens == 4 for s in seqs)
+    with pytest.raises(ValueError, match="cannot hold one sequence"):
+        Engine(hf, tokenizer, config=SchedulerConfig(max_model_len=64, max_kv_tokens=63))
+    with pytest.raises(ValueError, match="max_kv_tokens"):
+        SchedulerConfig(max_kv_tokens=0)

@@ -14,6 +14,7 @@ batch at the next step. Introduced in 02_metrics.ipynb; the architecture is draw
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -87,14 +88,23 @@ class Engine:
                 m.set_linear(name, SkinnyLinear.from_linear(lin))
         config = config or SchedulerConfig()
         if config.max_model_len is None:
-            config = SchedulerConfig(config.policy, config.max_num_seqs, config.max_num_batched_tokens,
-                                     m.max_position, config.chunked_prefill)
+            config = dataclasses.replace(config, max_model_len=m.max_position)
         elif config.max_model_len > m.max_position:
             raise ValueError(f"SchedulerConfig.max_model_len={config.max_model_len} exceeds the model's context "
                              f"window of {m.max_position} tokens")
         self.config = config
-        self.backend = backend or ContiguousBackend(m.num_layers, m.num_kv_heads, m.head_dim, config.max_model_len,
-                                                    config.max_num_seqs, m.dtype, m.device)
+        if backend is None:
+            # the contiguous cache reserves max_model_len slots per sequence: the KV budget buys whole rows
+            rows = config.max_num_seqs
+            if config.max_kv_tokens is not None:
+                rows = min(rows, config.max_kv_tokens // config.max_model_len)
+                if rows == 0:
+                    raise ValueError(f"SchedulerConfig.max_kv_tokens={config.max_kv_tokens} cannot hold one sequence of "
+                                     f"max_model_len={config.max_model_len} tokens in a contiguous cache; raise it "
+                                     f"or lower max_model_len")
+            backend = ContiguousBackend(m.num_layers, m.num_kv_heads, m.head_dim, config.max_model_len, rows,
+                                        m.dtype, m.device)
+        self.backend = backend
         if not isinstance(self.backend, AttentionBackend):
             raise ValueError(f"backend must be an AttentionBackend, got {type(self.backend).__name__}")
         self.scheduler = Scheduler(config, self.backend)
