@@ -20,7 +20,7 @@ class AttentionMetadata:
     context_lens: list[int]    # tokens each sequence holds after this step: cached + new
     handles: list[Any]         # each sequence's KV storage handle (backend-specific)
     positions: torch.Tensor    # (N,) absolute position of every new token
-    kind: str = "general"      # "single" (one sequence), "decode" (one token each) or "general"
+    kind: str = "general"      # "single" (one sequence), "decode" (one token each), "mixed" or "general" (padded)
     mask: torch.Tensor | None = None    # bool, broadcastable to (B, 1, T_max, L_max); None = no mask needed
     is_causal: bool = False    # "single" with no cached prefix: SDPA's built-in causal mask
     extra: dict = field(default_factory=dict)  # backend-specific: where new K/V go, gather indices, ...

@@ -12,8 +12,7 @@ import heapq
 
 import torch
 
-from course_lib.engine.attention.base import (AttentionBackend, AttentionMetadata, pad_tokens, ragged_index,
-                                              ragged_mask, sdpa, unpad_tokens)
+from course_lib.engine.attention.base import AttentionBackend, AttentionMetadata, sdpa
 
 
 def _positive_int(name: str, value) -> None:
@@ -157,12 +156,35 @@ class ContiguousBackend(AttentionBackend):
             if not uniform:
                 meta.mask = (torch.arange(L, device=dev)[None, :] < torch.tensor(ctx, device=dev)[:, None])[:, None, None]
             return meta
-        meta.kind = "general"
-        seq, offset = ragged_index(query_lens, dev)
-        meta.extra["seq"], meta.extra["offset"] = seq, offset
-        meta.extra["token_rows"] = rows[seq]  # (N,)
-        meta.mask = ragged_mask(query_lens, starts, ctx, dev)
+        # mixed: decode tokens batched together, each multi-token sequence (a prefill or a chunk) on its own,
+        # so no decode row is padded up to a 300-token prompt
+        meta.kind = "mixed"
+        ends = [sum(query_lens[:i + 1]) for i in range(B)]
+        dec = [i for i in range(B) if query_lens[i] == 1]
+        meta.extra["decode"] = None
+        if dec:
+            meta.extra["decode"] = self._decode_group([handles[i] for i in dec], [ctx[i] for i in dec],
+                                                      torch.tensor([ends[i] - 1 for i in dec], device=dev))
+            meta.extra["decode"]["pos"] = positions[meta.extra["decode"]["index"]]  # (Nd,)
+        meta.extra["chunks"] = [(handles[i], starts[i], ends[i] - query_lens[i], ends[i],
+                                 self._chunk_mask(starts[i], query_lens[i], ctx[i]))
+                                for i in range(B) if query_lens[i] > 1]
         return meta
+
+    def _decode_group(self, rows: list[int], ctx: list[int], token_index: torch.Tensor) -> dict:
+        """Gather indices and mask for the one-token sequences of a mixed step."""
+        dev, L = self.device, max(ctx)
+        mask = None
+        if min(ctx) != L:
+            mask = (torch.arange(L, device=dev)[None, :] < torch.tensor(ctx, device=dev)[:, None])[:, None, None]
+        return {"rows": torch.tensor(rows, device=dev), "index": token_index, "L": L, "mask": mask}
+
+    def _chunk_mask(self, start: int, T: int, ctx: int) -> torch.Tensor | None:
+        """(T, ctx) causal mask of T new tokens after ``start`` cached ones; None when SDPA's is_causal fits."""
+        if start == 0:
+            return None
+        dev = self.device
+        return torch.arange(ctx, device=dev)[None, :] <= start + torch.arange(T, device=dev)[:, None]
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -187,13 +209,22 @@ class ContiguousBackend(AttentionBackend):
                 V[rows, :, meta.positions] = v
             keys, values = self._rows(K, V, first, rows, B, L)
             return sdpa(q[:, :, None], keys, values, meta.mask, False, self.use_sdpa)[:, :, 0]  # (B, H, hd)
-        token_rows, seq, offset = meta.extra["token_rows"], meta.extra["seq"], meta.extra["offset"]
-        K[token_rows, :, meta.positions] = k  # (N, Hkv, hd)
-        V[token_rows, :, meta.positions] = v
-        keys, values = self._rows(K, V, first, rows, B, L)
-        qp = pad_tokens(q, seq, offset, B, max(meta.query_lens))  # (B, H, T_max, hd)
-        o = sdpa(qp, keys, values, meta.mask, False, self.use_sdpa)  # (B, H, T_max, hd)
-        return unpad_tokens(o, seq, offset)  # (N, H, hd)
+        out = q.new_empty(q.shape)  # (N, H, hd)
+        d = meta.extra["decode"]
+        if d is not None:
+            idx, drows = d["index"], d["rows"]
+            K[drows, :, d["pos"]] = k[idx]  # (Nd, Hkv, hd)
+            V[drows, :, d["pos"]] = v[idx]
+            keys, values = K[:, :, :d["L"]].index_select(0, drows), V[:, :, :d["L"]].index_select(0, drows)
+            out[idx] = sdpa(q[idx][:, :, None], keys, values, d["mask"], False, self.use_sdpa)[:, :, 0]
+        for row, s, a, b, mask in meta.extra["chunks"]:
+            T = b - a
+            K[row, :, s:s + T] = k[a:b].transpose(0, 1)  # (Hkv, T, hd)
+            V[row, :, s:s + T] = v[a:b].transpose(0, 1)
+            o = sdpa(q[a:b].transpose(0, 1)[None], K[row:row + 1, :, :s + T], V[row:row + 1, :, :s + T], mask,
+                     mask is None, self.use_sdpa)  # (1, H, T, hd)
+            out[a:b] = o[0].transpose(0, 1)
+        return out
 
     @staticmethod
     def _rows(K, V, first, rows, B, L):
