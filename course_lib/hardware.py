@@ -3,7 +3,7 @@
 Three things live here: device detection (GPU name and memory, or CPU model, cores and vector ISA),
 the datasheet table ``data/gpu_specs.json`` with lookup by name or alias, and *measured* peaks of
 the current device — STREAM-like memory bandwidth and matmul FLOP/s per dtype — cached for the
-session (``reset()`` forgets them). The ratio of the two peaks is the ridge point, seed 003's
+session (``reset()`` forgets them). The ratio of the two peaks is the ridge point, Xiao & Zhu's
 "hardware arithmetic intensity". Introduced in 00_setup_and_hardware.ipynb.
 """
 from __future__ import annotations
@@ -124,7 +124,7 @@ def _resolve_kind(device) -> str:
 def cpu_theoretical_flops(info: DeviceInfo | None = None, threads: int | None = None) -> float | None:
     """fp32 FLOP/s a CPU could do if each core in use issued full-width FMAs every cycle at the
     nominal clock: cores · Hz · FLOP/cycle, with 32 FLOP/cycle/core for AVX2+FMA and 64 for AVX-512
-    with two FMA units (figures from ANCHORS.md). ``threads`` (default: torch's current thread count,
+    with two FMA units (AMD and Intel optimisation manuals). ``threads`` (default: torch's current thread count,
     at most the cores) is how many cores work. None for a GPU or an unknown clock. Turbo can push a
     real run above it; memory stalls, throttling and other jobs keep it below."""
     info = info or detect_device("cpu")
@@ -135,7 +135,7 @@ def cpu_theoretical_flops(info: DeviceInfo | None = None, threads: int | None = 
 
 
 def flop_per_cycle(info: DeviceInfo) -> int:
-    """fp32 FLOP per cycle per core from the ISA flags (ANCHORS.md): 64 AVX-512, 32 AVX2+FMA, else 8 (SSE)."""
+    """fp32 FLOP per cycle per core from the ISA flags (AMD and Intel optimisation manuals): 64 AVX-512, 32 AVX2+FMA, else 8 (SSE)."""
     return 64 if "avx512f" in info.isa else 32 if {"avx2", "fma"} <= set(info.isa) else 8
 
 
@@ -204,7 +204,7 @@ class GpuSpec:
         return self.hbm_tbps * 1e12
 
     def ridge(self, dtype: str = "bf16") -> float:
-        """Ridge point (FLOP/byte) = peak FLOP/s ÷ bytes/s: seed 003's hardware arithmetic intensity."""
+        """Ridge point (FLOP/byte) = peak FLOP/s ÷ bytes/s: Xiao & Zhu's hardware arithmetic intensity."""
         return self.peak_flops(dtype) / self.bandwidth
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # Humans read about 4-5 words/s ≈ 6-8 tokens/s, i.e. ~120 ms per token: a stream faster than this
-# per token (TPOT) is not perceived as faster. (Course seeds; Chip Huyen, AI Engineering, ch. 9.)
+# per token (TPOT) is not perceived as faster. (Chip Huyen, AI Engineering, ch. 9.)
 reading_speed_budget_s = 0.120
 
 DEFAULT_PS = (50, 90, 95, 99)

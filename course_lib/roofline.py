@@ -1,7 +1,7 @@
 """The roofline model: attainable FLOP/s = min(peak FLOP/s, intensity × bandwidth).
 
 An operation whose arithmetic intensity (FLOP per byte moved) lies left of the ridge point
-(peak ÷ bandwidth, seed 003's "hardware arithmetic intensity") is bandwidth-bound: its speed is set
+(peak ÷ bandwidth, Xiao & Zhu's "hardware arithmetic intensity") is bandwidth-bound: its speed is set
 by bytes/s and extra compute is free. Right of the ridge it is compute-bound. ``llm_phases`` places
 an LLM's decode step and prefill on a GPU's roofline from the model's shape alone, and
 ``prefill_time`` / ``decode_time`` / ``output_input_ratio`` / ``generation_flops`` turn the same

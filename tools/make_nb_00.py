@@ -12,7 +12,7 @@ cells = [
     do per second, and how many bytes per second it can move between memory and the processor. Datasheets
     give the first guess; here we **measure** both on the machine you are using, draw its roofline next to
     the datasheet roofs of a few GPUs, and meet the number that decides almost everything in this course:
-    the ridge point, which seed 003 calls the *hardware arithmetic intensity*.
+    the ridge point, which Xiao & Zhu (*Foundations of LLMs*) call the *hardware arithmetic intensity*.
     """),
     badge(NAME),
     install_cell(),
@@ -82,9 +82,9 @@ cells = [
             print("ValueError:", str(err)[:90], "…")
         """, "check"),
     md("""
-    ### The ridge point: seed 003's *hardware arithmetic intensity*
+    ### The ridge point: Xiao & Zhu's *hardware arithmetic intensity*
 
-    Seed 003 defines **hardware arithmetic intensity = max FLOP/s ÷ max bytes/s**: how many FLOPs the chip
+    Xiao & Zhu (*Foundations of LLMs*) define **hardware arithmetic intensity = max FLOP/s ÷ max bytes/s**: how many FLOPs the chip
     can do in the time it loads one byte. A program whose own intensity (FLOPs it does ÷ bytes it moves) is
     *below* it leaves the arithmetic units idle waiting for memory — **bandwidth-bound**; *above* it, memory
     waits for arithmetic — **compute-bound**. On a roofline plot it is the x-coordinate of the corner
@@ -330,10 +330,10 @@ cells = [
 
     ## Summary
 
-    * A chip has two ceilings, **max FLOP/s** and **max bytes/s**; their ratio is seed 003's **hardware
+    * A chip has two ceilings, **max FLOP/s** and **max bytes/s**; their ratio is Xiao & Zhu's **hardware
       arithmetic intensity**, the ridge point of the roofline. The cell in section 4 printed it for this
       machine and for an H100.
-    * A program whose arithmetic intensity is below the ridge is **memory-bandwidth-bound** (seed 000: its
+    * A program whose arithmetic intensity is below the ridge is **memory-bandwidth-bound** (Huyen, ch. 9: its
       time is set by how fast data moves); above it, **compute-bound** (its time is set by the FLOPs).
     * We measure instead of trusting datasheets — with one timing helper that excludes warm-up, synchronises
       and reports the spread — and print the ceiling before the measurement, so the gap between them is

@@ -19,7 +19,7 @@ cells = [
     md("""
     **You will learn**
 
-    * the two bottlenecks of seed 000 — *compute-bound* and *memory-bandwidth-bound* — and how seed 003's
+    * the two bottlenecks of Huyen's *AI Engineering* — *compute-bound* and *memory-bandwidth-bound* — and how Xiao & Zhu's
       *hardware arithmetic intensity* (the ridge point) tells them apart;
     * why a matrix-vector product (GEMV) is bandwidth-bound and a matrix-matrix product (GEMM) is not;
     * to turn arithmetic intensity into a dial with a Triton kernel and walk it along the roofline;
@@ -59,9 +59,9 @@ cells = [
     md("""
     ## 1 · Two bottlenecks, one number between them
 
-    *Claim* (seed 000). An operation is **compute-bound** when its time is set by the FLOPs it needs, and
+    *Claim* (Huyen, *AI Engineering*, ch. 9). An operation is **compute-bound** when its time is set by the FLOPs it needs, and
     **memory-bandwidth-bound** when it is set by the bytes it must move between memory and the processor.
-    Seed 003 makes the split precise: the **hardware arithmetic intensity** = max FLOP/s ÷ max bytes/s. A
+    Xiao & Zhu (*Foundations of LLMs*) make the split precise: the **hardware arithmetic intensity** = max FLOP/s ÷ max bytes/s. A
     program whose own intensity (FLOPs ÷ bytes moved) is below it is memory-bound, above it compute-bound.
     The roofline draws this: attainable FLOP/s = min(peak, intensity × bandwidth), with the corner — the
     *ridge point* — at the hardware arithmetic intensity.
@@ -301,7 +301,7 @@ cells = [
 
     ## 5 · Image generators vs language models
 
-    Seed 000 notes that image generators such as Stable Diffusion are usually compute-bound while
+    Huyen (*AI Engineering*, ch. 9) notes that image generators such as Stable Diffusion are usually compute-bound while
     autoregressive LMs are bandwidth-bound. The workhorse of a diffusion UNet is a 3×3 convolution whose
     weights are reused at every pixel. *Predict* a small UNet block's intensity against a batch-1 decode step:
     """),
@@ -458,8 +458,8 @@ cells = [
 
     ## Summary
 
-    * **Compute-bound vs memory-bandwidth-bound** (seed 000) is decided by comparing an operation's
-      arithmetic intensity with the machine's **hardware arithmetic intensity** (seed 003), the ridge of the
+    * **Compute-bound vs memory-bandwidth-bound** (Huyen, *AI Engineering*, ch. 9) is decided by comparing an operation's
+      arithmetic intensity with the machine's **hardware arithmetic intensity** (Xiao & Zhu, *Foundations of LLMs*), the ridge of the
       roofline. Every number above was predicted from FLOPs and bytes before it was measured.
     * A GEMV does about one multiply-add per weight read, a GEMM reuses each weight across rows: the same
       weights, orders of magnitude apart in FLOP/s.

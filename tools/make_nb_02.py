@@ -10,8 +10,8 @@ cells = [
     "Is it fast?" has no single answer. A user waits for the first token (**TTFT**), then watches the
     rest stream (**TPOT**, time per output token); an operator pays for tokens per second
     (**throughput**) and for requests that met their promise (**goodput**); an engineer asks how close
-    the hardware runs to its ceilings (**MFU** for compute, **MBU** for bandwidth). Seed 000 (Chip Huyen,
-    *AI Engineering*, ch. 9) defines them all. This chapter measures each one on the course's own engine
+    the hardware runs to its ceilings (**MFU** for compute, **MBU** for bandwidth). Chip Huyen
+    (*AI Engineering*, ch. 9) defines them all. This chapter measures each one on the course's own engine
     and its 5-million-parameter model, always the same way: state the claim, print what theory predicts,
     measure, plot, and explain the gap.
     """),
@@ -76,7 +76,7 @@ cells = [
         """, "check"),
     md("""
     Every generated token carries the `time.perf_counter()` at which it reached the host. A request's
-    `RequestTrace` turns those timestamps into seed 000's three latency numbers: **TTFT** (arrival → first
+    `RequestTrace` turns those timestamps into Huyen's three latency numbers: **TTFT** (arrival → first
     token: the prefill), **TPOT** (the average gap between later tokens: decode steps), and **latency**
     (arrival → last token = TTFT + TPOT × (n − 1)).
     """),
@@ -116,7 +116,7 @@ cells = [
     md("""
     ## 1 · TTFT vs input length
 
-    *Claim* (seed 000). TTFT is the time to the first token; it depends on the prefill, so on the input
+    *Claim* (Huyen, *AI Engineering*, ch. 9). TTFT is the time to the first token; it depends on the prefill, so on the input
     length — worth plotting. Prefill pushes all prompt tokens through the model at once: a matrix-matrix
     product, compute-bound (chapter 01), so its time should grow linearly with the tokens (plus a
     quadratic attention term, small at these lengths).
@@ -254,7 +254,7 @@ cells = [
 
     ## 3 · Latency is a distribution: percentiles, not the mean
 
-    *Claim* (seed 000). Latency follows a distribution; outliers are common and distort the mean, so
+    *Claim* (Huyen, *AI Engineering*, ch. 9). Latency follows a distribution; outliers are common and distort the mean, so
     report p50 (the median), p90, p95 and p99.
 
     A workload of requests with varied prompts and a long-tailed mix of answer lengths (most short, a
@@ -300,12 +300,12 @@ cells = [
     something faster than "the average", and the p99 user waits a multiple of the median — numbers a
     mean cannot show. Compare the measured p99/p50 with the output lengths' p99/p50 predicted above:
     the latency tail is mostly the answer-length tail; what is left over is noise of the machine
-    (another job, a page fault) — exactly the kind of outlier seed 000 warns about. This is why SLOs are written on percentiles ("p99 TTFT under
+    (another job, a page fault) — exactly the kind of outlier Huyen warns about. This is why SLOs are written on percentiles ("p99 TTFT under
     500 ms"), and why `metrics.summarize` prints them first.
 
     ## 4 · MFU for prefill, MBU for decode
 
-    *Claim* (seed 000). **MFU** (model FLOP/s utilization) = achieved FLOP/s ÷ peak FLOP/s; **MBU** (model
+    *Claim* (Huyen, *AI Engineering*, ch. 9). **MFU** (model FLOP/s utilization) = achieved FLOP/s ÷ peak FLOP/s; **MBU** (model
     bandwidth utilization) = (parameters × bytes/parameter × tokens/s) ÷ peak bandwidth. Compute-bound work
     shows high MFU and low MBU, bandwidth-bound work the reverse; prefill's MFU beats decode's; and
     today an MFU above 50% is good.
@@ -359,7 +359,7 @@ cells = [
 
     ## 5 · The human reading-speed budget
 
-    *Claim* (seed 000). A stream needs to be no faster than people read: about 120 ms per token
+    *Claim* (Huyen, *AI Engineering*, ch. 9). A stream needs to be no faster than people read: about 120 ms per token
     (6–8 tokens/s). Everything faster is speed the server can spend on something else — bigger batches.
     """),
     code("""
@@ -383,7 +383,7 @@ cells = [
 
     ## 6 · "100 input tokens ≈ 1 output token" — on our engine
 
-    *Claim* (seed 000, from Anyscale): for total latency, 100 input tokens weigh about as much as one
+    *Claim* (Huyen, *AI Engineering*, ch. 9, citing Anyscale): for total latency, 100 input tokens weigh about as much as one
     output token. *Predict from the roofline.* An output token costs a decode step (all weights over the
     bandwidth); an input token costs its share of a compute-bound prefill (2 × params FLOPs over the
     peak). The ratio is about (bytes per parameter / 2) × the ridge point — a property of the hardware:
@@ -444,7 +444,7 @@ cells = [
 
     ## 7 · Throughput vs latency as the batch grows; goodput
 
-    *Claim* (seed 000). Batching raises throughput (tokens/s over all users) but costs latency; LinkedIn
+    *Claim* (Huyen, *AI Engineering*, ch. 9). Batching raises throughput (tokens/s over all users) but costs latency; LinkedIn
     found that doubling or tripling throughput usually cost TTFT or TPOT. **Goodput** counts only the
     requests that met the SLO, per second.
 
@@ -501,7 +501,7 @@ cells = [
 
     ## 8 · Online vs batch APIs
 
-    *Claim* (seed 000). Online APIs optimise latency; batch APIs optimise cost, through throughput. The
+    *Claim* (Huyen, *AI Engineering*, ch. 9). Online APIs optimise latency; batch APIs optimise cost, through throughput. The
     same requests (varied prompts, equal answer lengths), served three ways: one at a time on an idle
     server (each request arrives when the previous one is done), one at a time after arriving together
     (a burst), and as one batch.
@@ -548,7 +548,7 @@ cells = [
 
     ## 9 · "GPU utilization" is not MFU
 
-    *Claim* (seed 000). The "GPU utilization" that `nvidia-smi` reports is the share of time the GPU was
+    *Claim* (Huyen, *AI Engineering*, ch. 9). The "GPU utilization" that `nvidia-smi` reports is the share of time the GPU was
     busy running *something* — a GPU doing 1 op/s of a possible 100 can show 100%. It says nothing about
     FLOP/s or bytes/s. On a GPU we read it through NVML while decoding; everywhere we show the CPU's
     analogue, the share of time this process kept its cores busy.
@@ -656,7 +656,7 @@ cells = [
         record(ch, "decode_mbu_b1", util["decode b=1"]["mbu"], "fraction", note="vs measured DRAM bandwidth")
         record(ch, f"prefill_mfu_T{n_long}", util["prefill"]["mfu"], "fraction", note="vs measured fp32 matmul peak")
         record(ch, "output_input_ratio", fit.ratio, "input tokens per output token", theory=ratio_roof,
-               note="Anyscale (seed 000): 100")
+               note="Anyscale, via Huyen ch. 9: 100")
         record(ch, "latency_p99_over_p50", dist.latency[99] / dist.latency[50], "x")
         record(ch, "engine_vs_hf_b1", rows[0].ratio, "x", note="decode tok/s, engine / HF generate")
         record(ch, "engine_weight_gbps_b1", rows[0].weight_gbps_engine, "GB/s", theory=BW / 1e9,
@@ -686,7 +686,7 @@ cells = [
     tokens. (`trace.ttft * 1e3`, `trace.tpot * 1e3`.)
     </details>
 
-    **Exercise 2.** torchao's README (ANCHORS.md) reports Llama-2-7B with int8 weight-only quantization at
+    **Exercise 2.** torchao's README (AMD and Intel optimisation manuals) reports Llama-2-7B with int8 weight-only quantization at
     170.8 tok/s, batch 1, on an A100. Taking the A100 80GB SXM's datasheet bandwidth and counting every
     parameter at 1 byte, what is the MBU (a fraction)? Compare it with gpt-fast's fp16 MBU in section 4.
     """),
@@ -772,7 +772,7 @@ cells = [
       **Online APIs** serve for latency, **batch APIs** for throughput and cost.
     * **Utilization**: busy-time "GPU utilization" is not efficiency. **MFU** judges compute-bound prefill
       (> 50% is good), **MBU** = params × bytes/param × tokens/s ÷ bandwidth judges bandwidth-bound decode.
-      Prefill's MFU is higher than decode's, as seed 000 says; for a small model the per-op overhead keeps
+      Prefill's MFU is higher than decode's, as Huyen says; for a small model the per-op overhead keeps
       both low — the motivation for compiled decode steps later in the course.
     """),
 ]
