@@ -15,11 +15,12 @@ export COURSE_MODE TRITON_INTERPRET
 export MPLBACKEND := Agg
 export PYTHONHASHSEED := 0
 
-.PHONY: install course test unit nbtest lab clean help
+.PHONY: install course chapter test lint unit nbtest lab clean help
 
 help:
 	@echo "make course  - execute every notebook ($(COURSE_MODE) mode) into build/ and write build/REPORT.md"
-	@echo "make test    - unit tests + nbval over all notebooks"
+	@echo "make test    - ruff (lint + format check), unit tests, nbval over all notebooks"
+	@echo "make chapter NB=01 - re-execute one chapter from its .py source into notebooks/ (CONTRIBUTING.md)"
 	@echo "make lab     - open JupyterLab on the course"
 
 $(BIN)/python:
@@ -37,6 +38,15 @@ install: $(VENV)/.installed
 course: install
 	$(BIN)/python -m course_lib.course --mode $(COURSE_MODE) --out build
 
+chapter: install
+	@test -n "$(NB)" || { echo "usage: make chapter NB=01  (a substring of the chapter name)"; exit 2; }
+	$(BIN)/jupytext --sync notebooks/[0-9][0-9]_*.py
+	$(BIN)/python -m course_lib.course --mode $(COURSE_MODE) --out build --only $(NB) --inplace
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
 unit: install
 	$(BIN)/python -m pytest -q tests
 
@@ -44,10 +54,11 @@ nbtest: install
 	$(BIN)/python -m pytest -q --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg \
 		--nbval-cell-timeout 900 -p no:cacheprovider notebooks
 
-test: unit nbtest
+test: lint unit nbtest
 
 lab: install
 	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install -q -e ".[lab]"
+	$(BIN)/jupyter trust notebooks/*.ipynb  # the shipped widgets render, not as text
 	$(BIN)/jupyter lab notebooks
 
 clean:

@@ -8,6 +8,7 @@ bandwidth (weight bytes / step time) beside this machine's measured STREAM bandw
 Goals (engine-architecture issue): >= 1.6x HF at batch 1 and >= 1.5x at batch 8 on tiny-target;
 stretch goals: >= 3x HF on tiny-target, >= 60% of STREAM on bench-80m. Not a test: timings are noisy.
 """
+
 import argparse
 import json
 

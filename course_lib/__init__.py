@@ -4,6 +4,7 @@ Notebooks teach; this package computes. Importing it on a machine without CUDA t
 Triton interpreter (``TRITON_INTERPRET=1``) *before* any kernel module defines a ``@triton.jit``
 function, so every kernel in the course also runs (slowly, for correctness) on a CPU.
 """
+
 from __future__ import annotations
 
 import os as _os

@@ -6,6 +6,7 @@ before the work is done); the result keeps every sample and reports the median w
 and — because FLOPs and bytes are counted explicitly — GB/s, TFLOP/s and % of the measured and
 datasheet peaks come out together. Introduced in 00_setup_and_hardware.ipynb.
 """
+
 from __future__ import annotations
 
 import math
@@ -117,13 +118,17 @@ class Timing:
             return f"{x * 1e3:.3g} ms" if x >= 1e-3 else f"{x * 1e6:.3g} us"
 
         def pct(measured: float | None, datasheet: float | None) -> str:
-            parts = [f"{measured:.0f}% of measured peak" if measured is not None else "",
-                     f"{datasheet:.0f}% of datasheet" if datasheet is not None else ""]
+            parts = [
+                f"{measured:.0f}% of measured peak" if measured is not None else "",
+                f"{datasheet:.0f}% of datasheet" if datasheet is not None else "",
+            ]
             parts = [p for p in parts if p]
             return f" ({', '.join(parts)})" if parts else ""
 
-        out = (f"{self.label or 'fn'}: median {t(self.median_s)} [p10 {t(self.p10_s)}, p90 {t(self.p90_s)}, "
-               f"n={len(self.samples_s)}]")
+        out = (
+            f"{self.label or 'fn'}: median {t(self.median_s)} [p10 {t(self.p10_s)}, p90 {t(self.p90_s)}, "
+            f"n={len(self.samples_s)}]"
+        )
         if self.gbps is not None:
             out += f" | {self.gbps:.3g} GB/s" + pct(self.pct_measured_bw, self.pct_datasheet_bw)
         if self.flops:
@@ -177,10 +182,20 @@ def _peaks_for(kind: str, dtype: str | None, peaks) -> tuple[float | None, float
     return mf, mb, df, db
 
 
-def benchmark(fn: Callable[[], object], *, flops: float | None = None, bytes: float | None = None,
-              warmup: int | None = None, repeats: int | None = None, device=None, label: str = "",
-              dtype: str | None = None, peaks=None, sync: Callable[[], None] | None = None,
-              timer: Callable[[], float] | None = None) -> Timing:
+def benchmark(
+    fn: Callable[[], object],
+    *,
+    flops: float | None = None,
+    bytes: float | None = None,
+    warmup: int | None = None,
+    repeats: int | None = None,
+    device=None,
+    label: str = "",
+    dtype: str | None = None,
+    peaks=None,
+    sync: Callable[[], None] | None = None,
+    timer: Callable[[], float] | None = None,
+) -> Timing:
     """Time ``fn()``: ``warmup`` untimed calls, then ``repeats`` timed ones, each bracketed by a
     device synchronisation. ``flops``/``bytes`` are what one call does (counted by you, e.g. with
     ``course_lib.costs``); ``dtype`` picks which FLOP/s peak the %-of-peak columns use.

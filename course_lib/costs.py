@@ -6,6 +6,7 @@ the very least (each input read once, each output written once). Their ratio, th
 intensity, decides whether the operation is bandwidth- or compute-bound on a given chip.
 Introduced in 00_setup_and_hardware.ipynb.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -67,13 +68,11 @@ def gemv_cost(n: int, k: int, dtype: str = "fp32") -> Cost:
     return Cost(f"gemv {n}x{k}", cost.flops, cost.bytes)
 
 
-def conv2d_cost(batch: int, c_in: int, c_out: int, h: int, w: int, kernel: int = 3,
-                dtype: str = "fp32") -> Cost:
+def conv2d_cost(batch: int, c_in: int, c_out: int, h: int, w: int, kernel: int = 3, dtype: str = "fp32") -> Cost:
     """A same-padded ``kernel×kernel`` convolution on a (batch, c_in, h, w) image:
     2·batch·c_out·h·w·c_in·kernel² FLOPs; reads input and weights once, writes the output once.
     Each weight is reused at every pixel, so the intensity grows with the image size."""
-    for name, value in (("batch", batch), ("c_in", c_in), ("c_out", c_out), ("h", h), ("w", w),
-                        ("kernel", kernel)):
+    for name, value in (("batch", batch), ("c_in", c_in), ("c_out", c_out), ("h", h), ("w", w), ("kernel", kernel)):
         check_positive_int(name, value)
     flops = 2.0 * batch * c_out * h * w * c_in * kernel * kernel
     elems = batch * c_in * h * w + c_out * c_in * kernel * kernel + c_out + batch * c_out * h * w

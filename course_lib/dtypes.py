@@ -1,4 +1,5 @@
 """Dtype names the course accepts, and how many bytes each element costs in memory."""
+
 from __future__ import annotations
 
 import torch
@@ -13,8 +14,14 @@ _DTYPES: dict[str, tuple[torch.dtype | None, float]] = {
     "int4": (None, 0.5),  # two values per byte; no native torch dtype
 }
 _ALIASES = {
-    "float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
-    "float8": "fp8", "float8_e4m3fn": "fp8", "e4m3": "fp8",
+    "float32": "fp32",
+    "float": "fp32",
+    "float16": "fp16",
+    "half": "fp16",
+    "bfloat16": "bf16",
+    "float8": "fp8",
+    "float8_e4m3fn": "fp8",
+    "e4m3": "fp8",
 }
 DTYPE_NAMES = tuple(_DTYPES)
 

@@ -6,6 +6,7 @@ the current device — STREAM-like memory bandwidth and matmul FLOP/s per dtype 
 session (``reset()`` forgets them). The ratio of the two peaks is the ridge point, Xiao & Zhu's
 "hardware arithmetic intensity". Introduced in 00_setup_and_hardware.ipynb.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,11 +24,32 @@ from course_lib.dtypes import canonical, dtype_bytes, torch_dtype
 from course_lib.mode import pick
 
 SPEC_DTYPES = ("bf16", "fp16", "fp8", "fp32")
-_SPEC_KEYS = ("name", "aliases", "bf16_tflops", "fp16_tflops", "fp8_tflops", "fp32_tflops", "hbm_tbps",
-              "memory_gb", "unsupported", "source")
+_SPEC_KEYS = (
+    "name",
+    "aliases",
+    "bf16_tflops",
+    "fp16_tflops",
+    "fp8_tflops",
+    "fp32_tflops",
+    "hbm_tbps",
+    "memory_gb",
+    "unsupported",
+    "source",
+)
 # ISA flags from /proc/cpuinfo that change what a CPU core can do per cycle.
-ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni",
-             "amx_tile", "amx_bf16", "amx_int8")
+ISA_FLAGS = (
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx512_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
 
 
 # ----------------------------------------------------------------------------- detection
@@ -50,12 +72,16 @@ class DeviceInfo:
     def describe(self) -> str:
         if self.kind == "cuda":
             cc = ".".join(map(str, self.compute_capability or ()))
-            return (f"GPU {self.name} (compute capability {cc}, {self.sm_count} SMs, "
-                    f"{self.memory_gb:.0f} GB, L2 {self._cache()})")
+            return (
+                f"GPU {self.name} (compute capability {cc}, {self.sm_count} SMs, "
+                f"{self.memory_gb:.0f} GB, L2 {self._cache()})"
+            )
         isa = ", ".join(self.isa) or "no AVX"
-        return (f"CPU {self.name}: {self.cores} logical cores ({torch.get_num_threads()} torch threads now), "
-                f"{self.mhz or 0:.0f} MHz, LLC {self._cache()}, {self.memory_gb:.0f} GB RAM; ISA: {isa}; "
-                f"torch CPU kernels: {self.torch_cpu_capability}")
+        return (
+            f"CPU {self.name}: {self.cores} logical cores ({torch.get_num_threads()} torch threads now), "
+            f"{self.mhz or 0:.0f} MHz, LLC {self._cache()}, {self.memory_gb:.0f} GB RAM; ISA: {isa}; "
+            f"torch CPU kernels: {self.torch_cpu_capability}"
+        )
 
     def _cache(self) -> str:
         return f"{self.cache_bytes / 2**20:.0f} MiB" if self.cache_bytes else "unknown"
@@ -98,16 +124,28 @@ def detect_device(device: str | None = None) -> DeviceInfo:
     kind = _resolve_kind(device)
     if kind == "cuda":
         props = torch.cuda.get_device_properties(0)
-        return DeviceInfo("cuda", props.name, props.total_memory / 1e9, (props.major, props.minor),
-                          props.multi_processor_count, cache_bytes=getattr(props, "L2_cache_size", None))
+        return DeviceInfo(
+            "cuda",
+            props.name,
+            props.total_memory / 1e9,
+            (props.major, props.minor),
+            props.multi_processor_count,
+            cache_bytes=getattr(props, "L2_cache_size", None),
+        )
     info = _cpuinfo()
     flags = set(info.get("flags", "").split())
     mhz = float(info["cpu MHz"]) if "cpu MHz" in info else None
-    return DeviceInfo("cpu", info.get("model name", platform.processor() or platform.machine()), _ram_gb(),
-                      cores=os.cpu_count(), threads=torch.get_num_threads(),
-                      isa=tuple(f for f in ISA_FLAGS if f in flags),
-                      torch_cpu_capability=str(torch.backends.cpu.get_cpu_capability()), mhz=mhz,
-                      cache_bytes=_llc_bytes())
+    return DeviceInfo(
+        "cpu",
+        info.get("model name", platform.processor() or platform.machine()),
+        _ram_gb(),
+        cores=os.cpu_count(),
+        threads=torch.get_num_threads(),
+        isa=tuple(f for f in ISA_FLAGS if f in flags),
+        torch_cpu_capability=str(torch.backends.cpu.get_cpu_capability()),
+        mhz=mhz,
+        cache_bytes=_llc_bytes(),
+    )
 
 
 def _resolve_kind(device) -> str:
@@ -194,8 +232,10 @@ class GpuSpec:
             raise ValueError(f"dtype must be one of {SPEC_DTYPES} for a GPU spec, got {dtype!r}")
         value = self.tflops.get(name)
         if value is None:
-            raise ValueError(f"{self.name} has no {name} support (datasheet); "
-                             f"supported: {[d for d in SPEC_DTYPES if self.tflops.get(d) is not None]}")
+            raise ValueError(
+                f"{self.name} has no {name} support (datasheet); "
+                f"supported: {[d for d in SPEC_DTYPES if self.tflops.get(d) is not None]}"
+            )
         return value * 1e12
 
     @property
@@ -222,9 +262,15 @@ def _load_specs(path: str) -> dict[str, GpuSpec]:
         missing = [k for k in _SPEC_KEYS if k not in entry]
         if missing:
             raise ValueError(f"{path}: entry {entry.get('name')!r} lacks {missing}")
-        specs[entry["name"]] = GpuSpec(entry["name"], tuple(entry["aliases"]),
-                                       {d: entry[f"{d}_tflops"] for d in SPEC_DTYPES}, float(entry["hbm_tbps"]),
-                                       float(entry["memory_gb"]), entry["source"], tuple(entry["unsupported"]))
+        specs[entry["name"]] = GpuSpec(
+            entry["name"],
+            tuple(entry["aliases"]),
+            {d: entry[f"{d}_tflops"] for d in SPEC_DTYPES},
+            float(entry["hbm_tbps"]),
+            float(entry["memory_gb"]),
+            entry["source"],
+            tuple(entry["unsupported"]),
+        )
     return specs
 
 
@@ -257,8 +303,10 @@ def gpu_spec(name: str) -> GpuSpec:
         raise ValueError(f"gpu name must be a non-empty string such as 'H100 SXM', got {name!r}")
     spec = _find(name)
     if spec is None:
-        raise ValueError(f"unknown GPU name {name!r}; valid names: {list(gpu_names())} "
-                         "(NVIDIA's device names such as 'NVIDIA H100 80GB HBM3' also work)")
+        raise ValueError(
+            f"unknown GPU name {name!r}; valid names: {list(gpu_names())} "
+            "(NVIDIA's device names such as 'NVIDIA H100 80GB HBM3' also work)"
+        )
     return spec
 
 
@@ -332,8 +380,14 @@ def default_array_bytes(device: str | None = None) -> int:
     return max(4 * llc, floor)
 
 
-def measure_bandwidth(kind: str = "triad", *, n_bytes: int | None = None, dtype: str = "fp32",
-                      device: str | None = None, repeats: int | None = None):
+def measure_bandwidth(
+    kind: str = "triad",
+    *,
+    n_bytes: int | None = None,
+    dtype: str = "fp32",
+    device: str | None = None,
+    repeats: int | None = None,
+):
     """Time a STREAM-like ``copy`` (b = a) or ``triad`` (a = b + s·c) over arrays of ``n_bytes``
     each; bytes counted as reads + writes. Returns a ``bench.Timing`` whose ``gbps`` is the answer."""
     from course_lib.bench import benchmark
@@ -357,12 +411,20 @@ def measure_bandwidth(kind: str = "triad", *, n_bytes: int | None = None, dtype:
         c = torch.full((n,), 0.5, dtype=tdt, device=dev)
         cost = triad_cost(n, name)
         fn = lambda: torch.add(b, c, alpha=3.0, out=a)  # noqa: E731  reads b, c; writes a
-    return benchmark(fn, flops=cost.flops or None, bytes=cost.bytes, device=dev, label=f"STREAM {kind} {name}",
-                     repeats=repeats or pick(8, 20), warmup=2, dtype=name, peaks=False)
+    return benchmark(
+        fn,
+        flops=cost.flops or None,
+        bytes=cost.bytes,
+        device=dev,
+        label=f"STREAM {kind} {name}",
+        repeats=repeats or pick(8, 20),
+        warmup=2,
+        dtype=name,
+        peaks=False,
+    )
 
 
-def measure_matmul(dtype: str = "fp32", *, n: int | None = None, device: str | None = None,
-                   repeats: int | None = None):
+def measure_matmul(dtype: str = "fp32", *, n: int | None = None, device: str | None = None, repeats: int | None = None):
     """Time an n×n×n matmul in ``dtype``; 2·n³ FLOPs. Returns a ``bench.Timing`` (``tflops``)."""
     from course_lib.bench import benchmark
 
@@ -375,8 +437,17 @@ def measure_matmul(dtype: str = "fp32", *, n: int | None = None, device: str | N
     x = torch.randn(n, n, generator=gen, device=dev).to(torch_dtype(name))
     w = torch.randn(n, n, generator=gen, device=dev).to(torch_dtype(name))
     cost = matmul_cost(n, n, n, name)
-    return benchmark(lambda: x @ w, flops=cost.flops, bytes=cost.bytes, device=dev,
-                     label=f"matmul {n}^3 {name}", repeats=repeats or pick(10, 20), warmup=2, dtype=name, peaks=False)
+    return benchmark(
+        lambda: x @ w,
+        flops=cost.flops,
+        bytes=cost.bytes,
+        device=dev,
+        label=f"matmul {n}^3 {name}",
+        repeats=repeats or pick(10, 20),
+        warmup=2,
+        dtype=name,
+        peaks=False,
+    )
 
 
 def measured_peaks(device: str | None = None, *, refresh: bool = False) -> MeasuredPeaks:
@@ -399,7 +470,12 @@ def measured_peaks(device: str | None = None, *, refresh: bool = False) -> Measu
             t = measure_matmul(dt, n=n, device=dev)
             sizes[dt] = n
             tflops[dt] = t.rate(t.flops, best=True) / 1e12  # best of the repeats, as STREAM reports
-        _PEAKS[key] = MeasuredPeaks(detect_device(dev).name, copy.rate(copy.bytes, best=True) / 1e9,
-                                    triad.rate(triad.bytes, best=True) / 1e9, tflops, n_bytes,
-                                    max(sizes.values()))
+        _PEAKS[key] = MeasuredPeaks(
+            detect_device(dev).name,
+            copy.rate(copy.bytes, best=True) / 1e9,
+            triad.rate(triad.bytes, best=True) / 1e9,
+            tflops,
+            n_bytes,
+            max(sizes.values()),
+        )
     return _PEAKS[key]

@@ -5,6 +5,7 @@ times and report percentiles: a mean hides the tail that users remember. Decode 
 (every step reads all weights and the KV cache), so MBU, not MFU, says how close decode is to its
 ceiling; prefill is compute-bound and is judged by MFU. Vocabulary from Chip Huyen, *AI Engineering*, ch. 9.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,16 +36,17 @@ class RequestTrace:
     """One request's events on the ``time.perf_counter`` clock; the server appends to ``token_times``."""
 
     request_id: str | int
-    arrival: float                                          # s, when the request reached the server
+    arrival: float  # s, when the request reached the server
     prompt_tokens: int
     token_times: list[float] = field(default_factory=list)  # s, when each output token was emitted
-    finish: float | None = None                             # s, when the response was closed, if known
+    finish: float | None = None  # s, when the response was closed, if known
 
     def __post_init__(self) -> None:
         _check_number(f"RequestTrace({self.request_id!r}).arrival", self.arrival)
         if not isinstance(self.prompt_tokens, int) or isinstance(self.prompt_tokens, bool) or self.prompt_tokens < 0:
-            raise ValueError(f"RequestTrace({self.request_id!r}).prompt_tokens must be an int ≥ 0, "
-                             f"got {self.prompt_tokens!r}")
+            raise ValueError(
+                f"RequestTrace({self.request_id!r}).prompt_tokens must be an int ≥ 0, got {self.prompt_tokens!r}"
+            )
         self.token_times = list(self.token_times)
         self.check()
 
@@ -55,8 +57,10 @@ class RequestTrace:
         for i, t in enumerate(self.token_times):
             _check_number(f"{name}.token_times[{i}]", t)
             if t < previous:
-                raise ValueError(f"{name}.token_times must be ≥ arrival ({self.arrival}) and non-decreasing; "
-                                 f"token_times[{i}]={t} < {previous}")
+                raise ValueError(
+                    f"{name}.token_times must be ≥ arrival ({self.arrival}) and non-decreasing; "
+                    f"token_times[{i}]={t} < {previous}"
+                )
             previous = t
         if self.finish is not None:
             _check_number(f"{name}.finish", self.finish)
@@ -138,19 +142,19 @@ def meets(trace: RequestTrace, slo: SLO) -> bool:
 class ServingSummary:
     """What a serving benchmark reports: latency distributions, rates over a window, and goodput."""
 
-    count: int                           # requests given
-    completed: int                       # requests with ≥ 1 output token (the latency stats use these)
-    ttft: dict                           # {p: seconds}
-    tpot: dict                           # {p: seconds}, over requests with ≥ 2 tokens (NaN if none)
-    latency: dict                        # {p: seconds}
+    count: int  # requests given
+    completed: int  # requests with ≥ 1 output token (the latency stats use these)
+    ttft: dict  # {p: seconds}
+    tpot: dict  # {p: seconds}, over requests with ≥ 2 tokens (NaN if none)
+    latency: dict  # {p: seconds}
     mean_ttft: float
     mean_tpot: float
     mean_latency: float
-    window: tuple[float, float]          # (start, end) s of the rate denominators
-    output_tokens_per_s: float           # output tokens emitted inside the window / its length
-    total_tokens_per_s: float            # + prompt tokens of requests whose first token is in the window
-    requests_per_min: float              # requests whose last token is in the window, per minute
-    goodput_rps: float | None = None     # of those, the ones meeting the SLO, per second
+    window: tuple[float, float]  # (start, end) s of the rate denominators
+    output_tokens_per_s: float  # output tokens emitted inside the window / its length
+    total_tokens_per_s: float  # + prompt tokens of requests whose first token is in the window
+    requests_per_min: float  # requests whose last token is in the window, per minute
+    goodput_rps: float | None = None  # of those, the ones meeting the SLO, per second
     slo_attainment: float | None = None  # fraction of all requests meeting the SLO
     slo: SLO | None = None
 
@@ -158,16 +162,25 @@ class ServingSummary:
         """A small printable table: percentiles in ms, then rates."""
         ps = list(self.ttft)
         head = f"{'metric':<12}" + "".join(f"{'p' + format(p, 'g'):>9}" for p in ps) + f"{'mean':>9}"
-        lines = [f"{self.completed}/{self.count} requests with output, window {self.window[1] - self.window[0]:.3f} s",
-                 head]
-        for name, dist, mean in (("TTFT ms", self.ttft, self.mean_ttft), ("TPOT ms", self.tpot, self.mean_tpot),
-                                 ("latency ms", self.latency, self.mean_latency)):
+        lines = [
+            f"{self.completed}/{self.count} requests with output, window {self.window[1] - self.window[0]:.3f} s",
+            head,
+        ]
+        for name, dist, mean in (
+            ("TTFT ms", self.ttft, self.mean_ttft),
+            ("TPOT ms", self.tpot, self.mean_tpot),
+            ("latency ms", self.latency, self.mean_latency),
+        ):
             lines.append(f"{name:<12}" + "".join(f"{dist[p] * 1e3:>9.1f}" for p in ps) + f"{mean * 1e3:>9.1f}")
-        lines.append(f"throughput: {self.output_tokens_per_s:.1f} output tok/s, {self.total_tokens_per_s:.1f} "
-                     f"total tok/s, {self.requests_per_min:.1f} req/min")
+        lines.append(
+            f"throughput: {self.output_tokens_per_s:.1f} output tok/s, {self.total_tokens_per_s:.1f} "
+            f"total tok/s, {self.requests_per_min:.1f} req/min"
+        )
         if self.slo is not None:
-            lines.append(f"goodput: {self.goodput_rps:.3f} req/s meeting TTFT ≤ {self.slo.ttft_s * 1e3:g} ms and "
-                         f"TPOT ≤ {self.slo.tpot_s * 1e3:g} ms ({self.slo_attainment:.1%} of requests)")
+            lines.append(
+                f"goodput: {self.goodput_rps:.3f} req/s meeting TTFT ≤ {self.slo.ttft_s * 1e3:g} ms and "
+                f"TPOT ≤ {self.slo.tpot_s * 1e3:g} ms ({self.slo_attainment:.1%} of requests)"
+            )
         return "\n".join(lines)
 
 
@@ -177,8 +190,9 @@ def _mean_and_percentiles(values: list[float], ps) -> tuple[float, dict]:
     return float(np.mean(values)), percentiles(values, ps)
 
 
-def summarize(traces, slo: SLO | None = None, window: tuple[float, float] | None = None,
-              ps=DEFAULT_PS) -> ServingSummary:
+def summarize(
+    traces, slo: SLO | None = None, window: tuple[float, float] | None = None, ps=DEFAULT_PS
+) -> ServingSummary:
     """Summarise a benchmark run. ``window`` (start, end) only sets the rate denominators
     (default: first arrival → last token); latency percentiles use every request with output."""
     traces = list(traces)
@@ -212,9 +226,17 @@ def summarize(traces, slo: SLO | None = None, window: tuple[float, float] | None
     mean_tpot, tpot = _mean_and_percentiles([t.tpot for t in done if t.n_output > 1], ps)
     mean_lat, lat = _mean_and_percentiles([t.latency for t in done], ps)
     summary = ServingSummary(
-        count=len(traces), completed=len(done), ttft=ttft, tpot=tpot, latency=lat,
-        mean_ttft=mean_ttft, mean_tpot=mean_tpot, mean_latency=mean_lat, window=(start, end),
-        output_tokens_per_s=out_tokens / duration, total_tokens_per_s=(out_tokens + prompt_tokens) / duration,
+        count=len(traces),
+        completed=len(done),
+        ttft=ttft,
+        tpot=tpot,
+        latency=lat,
+        mean_ttft=mean_ttft,
+        mean_tpot=mean_tpot,
+        mean_latency=mean_lat,
+        window=(start, end),
+        output_tokens_per_s=out_tokens / duration,
+        total_tokens_per_s=(out_tokens + prompt_tokens) / duration,
         requests_per_min=60.0 * len(finished) / duration,
     )
     if slo is not None:
@@ -224,8 +246,13 @@ def summarize(traces, slo: SLO | None = None, window: tuple[float, float] | None
     return summary
 
 
-def mfu(*, peak_flops_per_s: float, flops_per_s: float | None = None, tokens_per_s: float | None = None,
-        flops_per_token: float | None = None) -> float:
+def mfu(
+    *,
+    peak_flops_per_s: float,
+    flops_per_s: float | None = None,
+    tokens_per_s: float | None = None,
+    flops_per_token: float | None = None,
+) -> float:
     """Model FLOPs utilisation = achieved FLOP/s ÷ peak FLOP/s; give ``flops_per_s`` or ``tokens_per_s`` and
     ``flops_per_token`` (≈ 2 · params). Not clipped: above 1 means the peak (or the FLOP count) is wrong."""
     _check_number("peak_flops_per_s", peak_flops_per_s, positive=True)
@@ -241,8 +268,13 @@ def mfu(*, peak_flops_per_s: float, flops_per_s: float | None = None, tokens_per
     return flops_per_s / peak_flops_per_s
 
 
-def mbu(param_count: float, bytes_per_param: float, tokens_per_s: float, bandwidth_bytes_per_s: float,
-        kv_bytes_per_token_step: float = 0.0) -> float:
+def mbu(
+    param_count: float,
+    bytes_per_param: float,
+    tokens_per_s: float,
+    bandwidth_bytes_per_s: float,
+    kv_bytes_per_token_step: float = 0.0,
+) -> float:
     """Model bandwidth utilisation = (params · bytes/param + KV bytes read) · tokens/s ÷ peak bandwidth.
 
     Decode reads every weight and the sequence's KV cache once per step. ``tokens_per_s`` is per sequence

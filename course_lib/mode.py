@@ -3,6 +3,7 @@
 ``quick`` (default without a GPU) keeps sizes small enough for a 2-core CPU and 1-2 GB of RAM;
 ``full`` (default with a GPU) uses the real sizes. Introduced in 00_setup_and_hardware.ipynb.
 """
+
 from __future__ import annotations
 
 import os

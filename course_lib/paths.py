@@ -1,4 +1,5 @@
 """Where the course's files live: the repository root, ``data/`` and ``build/``."""
+
 from __future__ import annotations
 
 import os

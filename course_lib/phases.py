@@ -7,6 +7,7 @@ raises its intensity toward the ridge. The predicted FLOPs and bytes come from
 ``course_lib.models.accounting``; only the seconds come from the clock.
 Introduced in 01_bottlenecks.ipynb.
 """
+
 from __future__ import annotations
 
 import torch
@@ -15,9 +16,18 @@ from course_lib.costs import check_positive_int
 from course_lib.dtypes import canonical, torch_dtype
 
 
-def tiny_llama(*, hidden_size: int = 1024, intermediate_size: int = 2816, num_layers: int = 4,
-               num_heads: int = 8, num_kv_heads: int = 8, vocab_size: int = 4096, dtype: str = "fp32",
-               seed: int = 0, device: str = "cpu"):
+def tiny_llama(
+    *,
+    hidden_size: int = 1024,
+    intermediate_size: int = 2816,
+    num_layers: int = 4,
+    num_heads: int = 8,
+    num_kv_heads: int = 8,
+    vocab_size: int = 4096,
+    dtype: str = "fp32",
+    seed: int = 0,
+    device: str = "cpu",
+):
     """A ``LlamaForCausalLM`` with random weights (no download) and its accounting ``ModelShape``.
     The default is ~59M parameters: 236 MB in fp32, far larger than a CPU's last-level cache, so a
     decode step really streams its weights from DRAM."""
@@ -25,17 +35,28 @@ def tiny_llama(*, hidden_size: int = 1024, intermediate_size: int = 2816, num_la
 
     from course_lib.models.accounting import ModelShape
 
-    for name, value in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size),
-                        ("num_layers", num_layers), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
-                        ("vocab_size", vocab_size)):
+    for name, value in (
+        ("hidden_size", hidden_size),
+        ("intermediate_size", intermediate_size),
+        ("num_layers", num_layers),
+        ("num_heads", num_heads),
+        ("num_kv_heads", num_kv_heads),
+        ("vocab_size", vocab_size),
+    ):
         check_positive_int(name, value)
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size ({hidden_size}) must be a multiple of num_heads ({num_heads})")
     tdt = torch_dtype(canonical(dtype))
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
-                         num_hidden_layers=num_layers, num_attention_heads=num_heads,
-                         num_key_value_heads=num_kv_heads, max_position_embeddings=4096,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(device=device, dtype=tdt).eval()
@@ -65,8 +86,16 @@ def time_prefill(model, shape, *, batch: int, n_tokens: int, dtype: str = "fp32"
     ids = _ids(model, batch, n_tokens, seed=1)  # (B, T)
     flops = prefill_flops(shape, n_tokens, batch)
     moved = weight_bytes(shape, dtype) + kv_bytes_per_token(shape, dtype) * n_tokens * batch
-    return benchmark(lambda: model(input_ids=ids, use_cache=False), flops=flops, bytes=moved, device=model.device.type,
-                     label=f"prefill b={batch} T={n_tokens}", dtype=dtype, repeats=repeats, warmup=1)
+    return benchmark(
+        lambda: model(input_ids=ids, use_cache=False),
+        flops=flops,
+        bytes=moved,
+        device=model.device.type,
+        label=f"prefill b={batch} T={n_tokens}",
+        dtype=dtype,
+        repeats=repeats,
+        warmup=1,
+    )
 
 
 @torch.inference_mode()
@@ -89,9 +118,16 @@ def time_decode(model, shape, *, batch: int, context_len: int = 16, dtype: str =
         model(input_ids=step, use_cache=True, **kw)
         cache.crop(-1)  # drop the token just added: every call sees the same context
 
-    return benchmark(one_step, flops=decode_flops(shape, context_len, batch),
-                     bytes=decode_step_bytes(shape, context_len, batch, dtype), device=model.device.type,
-                     label=f"decode b={batch} ctx={context_len}", dtype=dtype, repeats=repeats, warmup=1)
+    return benchmark(
+        one_step,
+        flops=decode_flops(shape, context_len, batch),
+        bytes=decode_step_bytes(shape, context_len, batch, dtype),
+        device=model.device.type,
+        label=f"decode b={batch} ctx={context_len}",
+        dtype=dtype,
+        repeats=repeats,
+        warmup=1,
+    )
 
 
 def unet_block(channels: int = 64, *, seed: int = 0) -> torch.nn.Module:

@@ -3,6 +3,7 @@
 Figures are kept small (``FIGSIZE``, ``DPI``) so executed notebooks stay well under a megabyte.
 Introduced in 00_setup_and_hardware.ipynb; the explorer in 01_bottlenecks.ipynb.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Sequence
@@ -35,8 +36,15 @@ def _range(roofs: Sequence[Roof], points: Sequence[Point], intensity_range) -> t
     return min(xs) / 10, max(xs) * 10
 
 
-def plot_roofline(roofs: Iterable[Roof], points: Iterable[Point] = (), *, ax=None, title: str = "",
-                  intensity_range: tuple[float, float] | None = None, predicted: bool = True):
+def plot_roofline(
+    roofs: Iterable[Roof],
+    points: Iterable[Point] = (),
+    *,
+    ax=None,
+    title: str = "",
+    intensity_range: tuple[float, float] | None = None,
+    predicted: bool = True,
+):
     """Draw each roof (measured: solid, datasheet: dashed) with its ridge point, and each point
     at (intensity, achieved FLOP/s). With ``predicted`` a point also gets a hollow marker at the
     roof's attainable value for its intensity on the first roof (the ceiling theory allows)."""
@@ -49,21 +57,35 @@ def plot_roofline(roofs: Iterable[Roof], points: Iterable[Point] = (), *, ax=Non
     x = np.logspace(np.log10(lo), np.log10(hi), 200)
     for i, roof in enumerate(roofs):
         style = "-" if roof.kind == "measured" else "--"
-        (line,) = ax.plot(x, roof.attainable(x), style, lw=2 if roof.kind == "measured" else 1.2,
-                          label=f"{roof.label}: ridge {roof.ridge:.3g} FLOP/B")
+        (line,) = ax.plot(
+            x,
+            roof.attainable(x),
+            style,
+            lw=2 if roof.kind == "measured" else 1.2,
+            label=f"{roof.label}: ridge {roof.ridge:.3g} FLOP/B",
+        )
         ax.plot([roof.ridge], [roof.peak_flops], "|", ms=14, color=line.get_color())
     for i, point in enumerate(points):
         marker = _MARKERS[i % len(_MARKERS)]
         if point.achieved is not None:
-            (dot,) = ax.plot([point.intensity], [point.achieved], marker, ms=7, label=point.label,
-                             zorder=6)  # above the legend box: a point must never hide behind it
+            (dot,) = ax.plot(
+                [point.intensity], [point.achieved], marker, ms=7, label=point.label, zorder=6
+            )  # above the legend box: a point must never hide behind it
             color = dot.get_color()
         else:
             color = None
         if predicted or point.achieved is None:
             ceiling = roofs[0].attainable(point.intensity)
-            ax.plot([point.intensity], [ceiling], marker, ms=9, mfc="none", color=color, zorder=6,
-                    label=None if point.achieved is not None else f"{point.label} (ceiling)")
+            ax.plot(
+                [point.intensity],
+                [ceiling],
+                marker,
+                ms=9,
+                mfc="none",
+                color=color,
+                zorder=6,
+                label=None if point.achieved is not None else f"{point.label} (ceiling)",
+            )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
@@ -75,13 +97,25 @@ def plot_roofline(roofs: Iterable[Roof], points: Iterable[Point] = (), *, ax=Non
     return fig, ax
 
 
-def plot_measured_vs_theory(x: Sequence[float], measured: Sequence[float], theory: Sequence[float], *,
-                            xlabel: str, ylabel: str, title: str = "", ax=None, logx: bool = True,
-                            logy: bool = True, label: str = "measured", theory_label: str = "theory (ceiling)"):
+def plot_measured_vs_theory(
+    x: Sequence[float],
+    measured: Sequence[float],
+    theory: Sequence[float],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    ax=None,
+    logx: bool = True,
+    logy: bool = True,
+    label: str = "measured",
+    theory_label: str = "theory (ceiling)",
+):
     """Measured values and their theoretical ceiling on the same axes."""
     if not (len(x) == len(measured) == len(theory)) or len(x) == 0:
-        raise ValueError(f"x, measured and theory must be non-empty and equally long, got "
-                         f"{len(x)}, {len(measured)}, {len(theory)}")
+        raise ValueError(
+            f"x, measured and theory must be non-empty and equally long, got {len(x)}, {len(measured)}, {len(theory)}"
+        )
     fig, ax = new_axes(ax)
     ax.plot(x, theory, "--", color="grey", label=theory_label)
     ax.plot(x, measured, "o-", label=label)
@@ -100,10 +134,13 @@ def plot_measured_vs_theory(x: Sequence[float], measured: Sequence[float], theor
 
 def plot_phases(report: PhaseReport, *, ax=None):
     """One GPU's datasheet roof with the predicted decode and prefill points of ``report``."""
-    points = [Point(f"decode b={report.batch}", report.decode.flops, report.decode.bytes),
-              Point(f"prefill b={report.batch}x{report.prompt_len}", report.prefill.flops, report.prefill.bytes)]
-    return plot_roofline([report.roof], points, ax=ax, intensity_range=(0.1, 1e5),
-                         title=f"{report.model} {report.dtype} on {report.gpu}")
+    points = [
+        Point(f"decode b={report.batch}", report.decode.flops, report.decode.bytes),
+        Point(f"prefill b={report.batch}x{report.prompt_len}", report.prefill.flops, report.prefill.bytes),
+    ]
+    return plot_roofline(
+        [report.roof], points, ax=ax, intensity_range=(0.1, 1e5), title=f"{report.model} {report.dtype} on {report.gpu}"
+    )
 
 
 def phase_explorer(default_gpu: str = "H100 SXM", default_model: str = "llama-2-7b"):
@@ -117,8 +154,7 @@ def phase_explorer(default_gpu: str = "H100 SXM", default_model: str = "llama-2-
 
     def show(gpu: str, model: str, batch: int, dtype: str, context_len: int):
         try:
-            report = llm_phases(gpu, model, batch=batch, dtype=dtype, prompt_len=context_len,
-                                context_len=context_len)
+            report = llm_phases(gpu, model, batch=batch, dtype=dtype, prompt_len=context_len, context_len=context_len)
         except ValueError as exc:  # e.g. bf16 on a T4: say so instead of a traceback
             print(f"cannot place this combination: {exc}")
             return

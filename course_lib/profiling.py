@@ -6,6 +6,7 @@ pays a fixed dispatch cost (``count_ops``, ``per_op_overhead_s``). ``time_matmul
 matmuls alone (with ``course_lib.bench.benchmark``), and ``cpu_busy`` / ``gpu_utilization_reader`` /
 ``sample_while`` show what "utilization" measures — and what it does not. Introduced in 02_metrics.ipynb.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -83,8 +84,14 @@ def time_matmuls(engine, batch: int = 1, repeats: int | None = None):
     flops = sum(2.0 * batch * m.numel() for m in mats)
     moved = sum(m.numel() * m.element_size() for m in mats)
     with torch.inference_mode():
-        return benchmark(run, flops=flops, bytes=moved, device=engine.device.type, repeats=repeats,
-                         label=f"{len(mats)} decode matmuls, batch {batch}")
+        return benchmark(
+            run,
+            flops=flops,
+            bytes=moved,
+            device=engine.device.type,
+            repeats=repeats,
+            label=f"{len(mats)} decode matmuls, batch {batch}",
+        )
 
 
 # ----------------------------------------------------------------------------- "utilization"
@@ -129,8 +136,13 @@ def gpu_utilization_reader(index: int = 0) -> tuple[Callable[[], float] | None, 
         return None, "no NVML: neither pynvml nor nvidia-smi is available on this machine"
 
     def read() -> float:
-        out = subprocess.run([exe, f"--id={index}", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10, check=True)
+        out = subprocess.run(
+            [exe, f"--id={index}", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
         return float(out.stdout.strip().splitlines()[0])
 
     try:
@@ -140,8 +152,9 @@ def gpu_utilization_reader(index: int = 0) -> tuple[Callable[[], float] | None, 
     return read, "nvidia-smi"
 
 
-def sample_while(fn: Callable[[], object], read: Callable[[], float], *, min_seconds: float = 1.0,
-                 interval_s: float = 0.05) -> tuple[list[float], float, int]:
+def sample_while(
+    fn: Callable[[], object], read: Callable[[], float], *, min_seconds: float = 1.0, interval_s: float = 0.05
+) -> tuple[list[float], float, int]:
     """Call ``fn()`` repeatedly for at least ``min_seconds`` while a thread calls ``read()`` every
     ``interval_s``; returns (readings, wall seconds, calls of fn)."""
     if not min_seconds > 0 or not interval_s > 0:
@@ -172,6 +185,12 @@ def sample_while(fn: Callable[[], object], read: Callable[[], float], *, min_sec
 
 
 __all__ = [
-    "Busy", "count_ops", "cpu_busy", "gpu_utilization_reader", "matmul_weights", "per_op_overhead_s", "sample_while",
+    "Busy",
+    "count_ops",
+    "cpu_busy",
+    "gpu_utilization_reader",
+    "matmul_weights",
+    "per_op_overhead_s",
+    "sample_while",
     "time_matmuls",
 ]

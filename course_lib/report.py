@@ -3,6 +3,7 @@
 A notebook calls :func:`record` with a number it has just measured (and, where there is one, the
 number theory predicted); the runner gathers every chapter's records into one page.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,7 @@ def _results_dir() -> Path | None:
         return None
 
 
-def record(chapter: str, key: str, value: float, unit: str, *, theory: float | None = None,
-           note: str = "") -> Record:
+def record(chapter: str, key: str, value: float, unit: str, *, theory: float | None = None, note: str = "") -> Record:
     """Store one measured figure for the report (no-op outside a course checkout)."""
     if not chapter or not key:
         raise ValueError("chapter and key must be non-empty strings")
@@ -70,16 +70,22 @@ def _fmt(x: float | None) -> str:
 
 def write_report(results: Path, out: Path, timings: dict[str, float] | None = None) -> Path:
     """Render every ``results/*.json`` into a one-page markdown report."""
-    lines = ["# Course report", "", "Every figure below was measured while the notebooks ran "
-             "(theory column: what first principles predicted).", ""]
+    lines = [
+        "# Course report",
+        "",
+        "Every figure below was measured while the notebooks ran (theory column: what first principles predicted).",
+        "",
+    ]
     machines = set()
     for path in sorted(results.glob("*.json")):
         data = json.loads(path.read_text())
         lines += [f"## {path.stem}", "", "| figure | measured | unit | theory | note |", "|---|---|---|---|---|"]
         for rec in data.values():
             machines.add(rec.get("machine", ""))
-            lines.append(f"| {rec['key']} | {_fmt(rec['value'])} | {rec['unit']} | {_fmt(rec.get('theory'))} "
-                         f"| {rec.get('note', '')} |")
+            lines.append(
+                f"| {rec['key']} | {_fmt(rec['value'])} | {rec['unit']} | {_fmt(rec.get('theory'))} "
+                f"| {rec.get('note', '')} |"
+            )
         lines.append("")
     if timings:
         lines += ["## Notebook run times", "", "| notebook | seconds |", "|---|---|"]

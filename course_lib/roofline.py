@@ -9,6 +9,7 @@ accounting into the times a measured prefill (TTFT) and decode step (TPOT) shoul
 Introduced in 00_setup_and_hardware.ipynb; LLM phases in 01_bottlenecks.ipynb; time predictions in
 02_metrics.ipynb.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from course_lib.costs import check_positive_int
-from course_lib.models.accounting import (ModelShape, decode_flops, decode_intensity, decode_step_bytes,
-                                          kv_bytes_per_token, prefill_flops, weight_bytes)
+from course_lib.models.accounting import (
+    ModelShape,
+    decode_flops,
+    decode_intensity,
+    decode_step_bytes,
+    kv_bytes_per_token,
+    prefill_flops,
+    weight_bytes,
+)
 
 
 def _positive(name: str, value) -> float:
@@ -172,13 +180,19 @@ class PhaseReport:
     fits_in_memory: bool
 
     def __str__(self) -> str:
-        lines = [f"{self.model} {self.dtype} on {self.gpu}: ridge {self.roof.ridge:.0f} FLOP/byte, "
-                 f"weights {self.weights_gb:.1f} GB" + ("" if self.fits_in_memory else " (do NOT fit in one GPU)")]
-        for est, what in ((self.decode, f"decode (batch {self.batch}, context {self.context_len})"),
-                          (self.prefill, f"prefill (batch {self.batch} x {self.prompt_len} tokens)")):
-            lines.append(f"  {what}: intensity {est.intensity:.3g} FLOP/byte -> {est.bound}, at most "
-                         f"{est.attainable_flops / 1e12:.3g} TFLOP/s, >= {est.seconds * 1e3:.3g} ms, "
-                         f"<= {est.tokens_per_s:,.0f} tok/s")
+        lines = [
+            f"{self.model} {self.dtype} on {self.gpu}: ridge {self.roof.ridge:.0f} FLOP/byte, "
+            f"weights {self.weights_gb:.1f} GB" + ("" if self.fits_in_memory else " (do NOT fit in one GPU)")
+        ]
+        for est, what in (
+            (self.decode, f"decode (batch {self.batch}, context {self.context_len})"),
+            (self.prefill, f"prefill (batch {self.batch} x {self.prompt_len} tokens)"),
+        ):
+            lines.append(
+                f"  {what}: intensity {est.intensity:.3g} FLOP/byte -> {est.bound}, at most "
+                f"{est.attainable_flops / 1e12:.3g} TFLOP/s, >= {est.seconds * 1e3:.3g} ms, "
+                f"<= {est.tokens_per_s:,.0f} tok/s"
+            )
         if self.batch_at_ridge is not None:
             lines.append(f"  decode reaches the ridge at batch {self.batch_at_ridge}")
         return "\n".join(lines)
@@ -187,12 +201,14 @@ class PhaseReport:
 def _estimate(phase: str, flops: float, bytes: float, tokens: int, roof: Roof) -> PhaseEstimate:
     intensity = flops / bytes
     seconds = min_time(flops, bytes, roof.peak_flops, roof.bandwidth)
-    return PhaseEstimate(phase, flops, bytes, intensity, roof.attainable(intensity), seconds, tokens / seconds,
-                         roof.bound(intensity))
+    return PhaseEstimate(
+        phase, flops, bytes, intensity, roof.attainable(intensity), seconds, tokens / seconds, roof.bound(intensity)
+    )
 
 
-def batch_to_reach(ridge: float, model: str, *, context_len: int = 1, dtype: str = "bf16",
-                   max_batch: int = 1 << 16) -> int | None:
+def batch_to_reach(
+    ridge: float, model: str, *, context_len: int = 1, dtype: str = "bf16", max_batch: int = 1 << 16
+) -> int | None:
     """Smallest batch whose decode step intensity reaches ``ridge`` (None if not by ``max_batch``,
     e.g. when a long context's KV cache grows as fast as the FLOPs do)."""
     _positive("ridge", ridge)
@@ -209,8 +225,9 @@ def batch_to_reach(ridge: float, model: str, *, context_len: int = 1, dtype: str
     return lo
 
 
-def llm_phases(gpu: str, model: str, *, batch: int = 1, dtype: str = "bf16", prompt_len: int = 512,
-               context_len: int = 512) -> PhaseReport:
+def llm_phases(
+    gpu: str, model: str, *, batch: int = 1, dtype: str = "bf16", prompt_len: int = 512, context_len: int = 512
+) -> PhaseReport:
     """Predict where ``model``'s decode step (batch sequences each adding one token to a
     ``context_len`` cache) and prefill (batch × prompt_len tokens) land on ``gpu``'s datasheet roof."""
     check_positive_int("batch", batch)
@@ -218,8 +235,13 @@ def llm_phases(gpu: str, model: str, *, batch: int = 1, dtype: str = "bf16", pro
     check_positive_int("context_len", context_len)
     roof = Roof.from_spec(gpu, dtype)
     shape = ModelShape.from_name(model)
-    decode = _estimate("decode", decode_flops(shape, context_len, batch),
-                       decode_step_bytes(shape, context_len, batch, dtype), batch, roof)
+    decode = _estimate(
+        "decode",
+        decode_flops(shape, context_len, batch),
+        decode_step_bytes(shape, context_len, batch, dtype),
+        batch,
+        roof,
+    )
     prefill_bytes = weight_bytes(shape, dtype) + kv_bytes_per_token(shape, dtype) * prompt_len * batch
     prefill = _estimate("prefill", prefill_flops(shape, prompt_len, batch), prefill_bytes, batch * prompt_len, roof)
     from course_lib.hardware import gpu_spec
@@ -227,29 +249,47 @@ def llm_phases(gpu: str, model: str, *, batch: int = 1, dtype: str = "bf16", pro
     spec = gpu_spec(gpu)
     weights = weight_bytes(shape, dtype)
     kv = kv_bytes_per_token(shape, dtype) * max(context_len, prompt_len) * batch
-    return PhaseReport(spec.name, shape.name, dtype, batch, prompt_len, context_len, roof, decode, prefill,
-                       batch_to_reach(roof.ridge, shape, context_len=context_len, dtype=dtype), weights / 1e9,
-                       weights + kv <= spec.memory_gb * 1e9)
+    return PhaseReport(
+        spec.name,
+        shape.name,
+        dtype,
+        batch,
+        prompt_len,
+        context_len,
+        roof,
+        decode,
+        prefill,
+        batch_to_reach(roof.ridge, shape, context_len=context_len, dtype=dtype),
+        weights / 1e9,
+        weights + kv <= spec.memory_gb * 1e9,
+    )
 
 
 # ----------------------------------------------------------------------------- time predictions
-def prefill_time(shape: ModelShape, n_tokens: int, peak_flops: float, bandwidth: float, dtype: str = "fp32",
-                 batch: int = 1) -> float:
+def prefill_time(
+    shape: ModelShape, n_tokens: int, peak_flops: float, bandwidth: float, dtype: str = "fp32", batch: int = 1
+) -> float:
     """Roofline lower bound of a prefill: max(FLOPs / peak, (weights + KV written) / bandwidth)."""
     moved = weight_bytes(shape, dtype) + kv_bytes_per_token(shape, dtype) * n_tokens * batch
     return min_time(prefill_flops(shape, n_tokens, batch), moved, peak_flops, bandwidth)
 
 
-def decode_time(shape: ModelShape, context_len: int, peak_flops: float, bandwidth: float, dtype: str = "fp32",
-                batch: int = 1) -> float:
+def decode_time(
+    shape: ModelShape, context_len: int, peak_flops: float, bandwidth: float, dtype: str = "fp32", batch: int = 1
+) -> float:
     """Roofline lower bound of one decode step (= the TPOT floor): weights + KV caches over bandwidth,
     unless the batch is large enough to make the FLOPs dominate."""
-    return min_time(decode_flops(shape, context_len, batch), decode_step_bytes(shape, context_len, batch, dtype),
-                    peak_flops, bandwidth)
+    return min_time(
+        decode_flops(shape, context_len, batch),
+        decode_step_bytes(shape, context_len, batch, dtype),
+        peak_flops,
+        bandwidth,
+    )
 
 
-def output_input_ratio(shape: ModelShape, peak_flops: float, bandwidth: float, dtype: str = "bf16",
-                       context_len: int = 1) -> float:
+def output_input_ratio(
+    shape: ModelShape, peak_flops: float, bandwidth: float, dtype: str = "bf16", context_len: int = 1
+) -> float:
     """The roofline's answer to "one output token costs as much as how many input tokens?":
     a batch-1 decode step (reads every weight: bytes / bandwidth) over one compute-bound prefill token
     (2 · params FLOPs / peak). About bytes-per-param / 2 × the ridge point."""
@@ -262,4 +302,5 @@ def generation_flops(shape: ModelShape, prompt_len: int, new_tokens: int, batch:
     check_positive_int("prompt_len", prompt_len)
     check_positive_int("new_tokens", new_tokens)
     return prefill_flops(shape, prompt_len, batch) + sum(
-        decode_flops(shape, prompt_len + i, batch) for i in range(1, new_tokens))
+        decode_flops(shape, prompt_len + i, batch) for i in range(1, new_tokens)
+    )

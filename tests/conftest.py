@@ -23,10 +23,21 @@ def random_llama(tokenizer=None, vocab: int = 101, kind: str = "llama", seed: in
     ids = {}
     if tokenizer is not None:
         vocab = len(tokenizer)
-        ids = dict(eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id,
-                   pad_token_id=tokenizer.pad_token_id)
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **ids)
+        ids = dict(
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        **ids,
+    )
     if kind == "qwen2":
         return Qwen2ForCausalLM(Qwen2Config(**common)).eval()
     return LlamaForCausalLM(LlamaConfig(**common)).eval()

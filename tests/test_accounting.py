@@ -1,9 +1,16 @@
 """Model accounting vs the real models and hand-computed values."""
+
 import pytest
 
 from course_lib.models.accounting import (
-    ModelShape, decode_flops, decode_intensity, decode_step_bytes, kv_bytes_per_token, param_count,
-    prefill_flops, weight_bytes,
+    ModelShape,
+    decode_flops,
+    decode_intensity,
+    decode_step_bytes,
+    kv_bytes_per_token,
+    param_count,
+    prefill_flops,
+    weight_bytes,
 )
 from course_lib.paths import data_dir
 from tests.conftest import random_llama
@@ -40,8 +47,9 @@ def test_shipped_models_numel_and_file_size(name):
 
 
 def test_flops_by_hand():
-    s = ModelShape("toy", vocab_size=10, hidden_size=4, intermediate_size=8, num_layers=1, num_heads=2,
-                   num_kv_heads=1, head_dim=2)
+    s = ModelShape(
+        "toy", vocab_size=10, hidden_size=4, intermediate_size=8, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=2
+    )
     # layer: q 4*4 + k 4*2 + v 4*2 + o 4*4 = 48, mlp 3*4*8 = 96, norms 8 -> 152; + final norm 4 + emb 40 + head 40
     assert param_count(s) == 152 + 4 + 40 + 40
     matmul = 48 + 96 + 40  # lm_head takes part, embeddings/norms do not

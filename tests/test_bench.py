@@ -1,4 +1,5 @@
 """The timing helper: warm-up excluded, synchronisation around every timed call, derived rates."""
+
 import time
 
 import pytest
@@ -58,7 +59,7 @@ def test_sync_brackets_every_timed_call():
 
     bench.benchmark(fn, warmup=2, repeats=3, sync=lambda: events.append("sync"), timer=timer, device="cpu")
     assert events.count("sync") >= 3 + 1
-    timed = events[events.index("clock"):]
+    timed = events[events.index("clock") :]
     # every measured call: sync, clock, fn, sync, clock — the clock is read only after a sync
     assert timed == ["clock", "fn", "sync", "clock", "sync"] * 2 + ["clock", "fn", "sync", "clock"]
     assert events[:3] == ["fn", "fn", "sync"]  # warm-up calls, then drain the queue
@@ -81,8 +82,18 @@ def test_statistics_and_rates():
     def fn():
         clock.now += next(durations)
 
-    t = bench.benchmark(fn, warmup=0, repeats=5, sync=lambda: None, timer=clock, device="cpu",
-                        flops=6e12, bytes=3e9, peaks=False, label="x")
+    t = bench.benchmark(
+        fn,
+        warmup=0,
+        repeats=5,
+        sync=lambda: None,
+        timer=clock,
+        device="cpu",
+        flops=6e12,
+        bytes=3e9,
+        peaks=False,
+        label="x",
+    )
     assert t.median_s == 3.0 and t.best_s == 1.0
     assert t.p10_s == pytest.approx(1.4) and t.p90_s == pytest.approx(7.6)
     assert t.iqr_s == pytest.approx(2.0)
@@ -102,21 +113,34 @@ def test_percent_of_peak_from_given_peaks():
     def fn():
         clock.now += 1.0
 
-    t = bench.benchmark(fn, warmup=0, repeats=3, sync=lambda: None, timer=clock, device="cpu",
-                        flops=0.5e12, bytes=5e9, peaks=peaks, dtype="fp32")
+    t = bench.benchmark(
+        fn,
+        warmup=0,
+        repeats=3,
+        sync=lambda: None,
+        timer=clock,
+        device="cpu",
+        flops=0.5e12,
+        bytes=5e9,
+        peaks=peaks,
+        dtype="fp32",
+    )
     assert t.pct_measured_bw == pytest.approx(25.0)
     assert t.pct_measured_flops == pytest.approx(50.0)
     assert "25% of measured peak" in str(t)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(repeats=0), "repeats must be an int >= 1"),
-    (dict(warmup=-1), "warmup must be an int >= 0"),
-    (dict(flops=-1.0), "flops must be a non-negative"),
-    (dict(bytes=float("nan")), "bytes must be a non-negative"),
-    (dict(device="tpu"), "device"),
-    (dict(dtype="fp33"), "unknown dtype"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(repeats=0), "repeats must be an int >= 1"),
+        (dict(warmup=-1), "warmup must be an int >= 0"),
+        (dict(flops=-1.0), "flops must be a non-negative"),
+        (dict(bytes=float("nan")), "bytes must be a non-negative"),
+        (dict(device="tpu"), "device"),
+        (dict(dtype="fp33"), "unknown dtype"),
+    ],
+)
 def test_bad_arguments(kwargs, match):
     with pytest.raises((ValueError, RuntimeError), match=match):
         bench.benchmark(lambda: None, **kwargs)

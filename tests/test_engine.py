@@ -1,4 +1,5 @@
 """The engine is correct to the token: logits vs HF, greedy identity with `generate`, every path agrees."""
+
 import pytest
 import torch
 
@@ -13,7 +14,7 @@ PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\nclass Config:\n    def
 def hf_greedy(model, tok, prompt, n):
     ids = tok(prompt, return_tensors="pt")
     out = model.generate(**ids, max_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id)
-    return out[0, ids["input_ids"].shape[1]:].tolist()
+    return out[0, ids["input_ids"].shape[1] :].tolist()
 
 
 def flat_step(m, backend, handles, chunks):
@@ -51,7 +52,7 @@ def test_logits_match_hf_prefill_ragged_and_decode(kind):
         for b in range(3):
             seq = x[b, : lens[b]]
             torch.testing.assert_close(last[b], hf(input_ids=seq[None]).logits[0, -1], atol=1e-5, rtol=1e-5)
-            full = torch.cat([seq, nxt[b:b + 1]])[None]
+            full = torch.cat([seq, nxt[b : b + 1]])[None]
             torch.testing.assert_close(step[b], hf(input_ids=full).logits[0, -1], atol=1e-5, rtol=1e-5)
 
 
@@ -75,7 +76,7 @@ def test_mixed_step_equals_separate_forwards(kind):
         for b, seq in enumerate(full):
             n = len(chunks[b])
             ref = hf(input_ids=torch.tensor([seq])).logits[0, -n:]  # the logits of those n tokens
-            torch.testing.assert_close(logits[ends[b] - n: ends[b]], ref, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(logits[ends[b] - n : ends[b]], ref, atol=1e-5, rtol=1e-5)
 
 
 def test_spelled_out_attention_equals_sdpa():
@@ -88,8 +89,15 @@ def test_spelled_out_attention_equals_sdpa():
             backend = new_backend(m)
             backend.use_sdpa = use_sdpa
             h = [backend.allocate() for _ in prompts]
-            outs.append(torch.cat([flat_step(m, backend, h, prompts), flat_step(m, backend, h, [[3], [4]]),
-                                   flat_step(m, backend, h[:1], [[1, 2, 3]])]))
+            outs.append(
+                torch.cat(
+                    [
+                        flat_step(m, backend, h, prompts),
+                        flat_step(m, backend, h, [[3], [4]]),
+                        flat_step(m, backend, h[:1], [[1, 2, 3]]),
+                    ]
+                )
+            )
         torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
 
 
@@ -140,9 +148,15 @@ def test_beam_search_matches_hf(tokenizer):
     ids = tokenizer(PROMPTS[0], return_tensors="pt")
     for beams in (2, 4):
         ours = engine.beam_search(PROMPTS[0], num_beams=beams, max_new_tokens=10, ignore_eos=True)
-        ref = hf.generate(**ids, max_new_tokens=10, num_beams=beams, do_sample=False,
-                          pad_token_id=tokenizer.pad_token_id, suppress_tokens=[tokenizer.eos_token_id])
-        assert ours == ref[0, ids["input_ids"].shape[1]:].tolist()
+        ref = hf.generate(
+            **ids,
+            max_new_tokens=10,
+            num_beams=beams,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+            suppress_tokens=[tokenizer.eos_token_id],
+        )
+        assert ours == ref[0, ids["input_ids"].shape[1] :].tolist()
     # beam search finds a sequence at least as likely as greedy
     greedy = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=10, ignore_eos=True))[0].output_ids
     beam = engine.beam_search(PROMPTS[0], num_beams=4, max_new_tokens=10, ignore_eos=True)
@@ -162,8 +176,9 @@ def test_seeded_sampling_is_reproducible(tokenizer):
     p = SamplingParams(temperature=1.0, top_k=20, max_new_tokens=16, seed=11, ignore_eos=True)
     a = engine.generate(PROMPTS[:2], p)
     b = engine.generate(PROMPTS[:2], p)
-    c = engine.generate(PROMPTS[:2], SamplingParams(temperature=1.0, top_k=20, max_new_tokens=16, seed=12,
-                                                    ignore_eos=True))
+    c = engine.generate(
+        PROMPTS[:2], SamplingParams(temperature=1.0, top_k=20, max_new_tokens=16, seed=12, ignore_eos=True)
+    )
     assert [r.output_ids for r in a] == [r.output_ids for r in b]
     assert [r.output_ids for r in a] != [r.output_ids for r in c]
 
@@ -172,8 +187,9 @@ def test_penalties_reduce_repeats():
     engine = Engine("tiny-target")
     prompt = "    for i in range(10):\n"
     plain = engine.generate([prompt], SamplingParams(max_new_tokens=48, ignore_eos=True))[0].output_ids
-    pen = engine.generate([prompt], SamplingParams(max_new_tokens=48, ignore_eos=True, frequency_penalty=1.0,
-                                                   presence_penalty=1.0))[0].output_ids
+    pen = engine.generate(
+        [prompt], SamplingParams(max_new_tokens=48, ignore_eos=True, frequency_penalty=1.0, presence_penalty=1.0)
+    )[0].output_ids
     assert len(set(pen)) > len(set(plain))  # more distinct tokens once repeats cost
 
 
@@ -267,8 +283,10 @@ def test_engine_linear_choice(tokenizer):
     from course_lib.engine.layers import Linear, SkinnyLinear
 
     hf = random_llama(tokenizer, seed=12)
-    kinds = {name: {type(lin) for _, lin in Engine(hf, tokenizer, linear=name).model.linears()}
-             for name in ("reference", "skinny")}
+    kinds = {
+        name: {type(lin) for _, lin in Engine(hf, tokenizer, linear=name).model.linears()}
+        for name in ("reference", "skinny")
+    }
     assert kinds == {"reference": {Linear}, "skinny": {SkinnyLinear}}
     ref = Engine(hf, tokenizer, linear="reference").generate(PROMPTS, SamplingParams(max_new_tokens=12))
     fast = Engine(hf, tokenizer, linear="skinny").generate(PROMPTS, SamplingParams(max_new_tokens=12))

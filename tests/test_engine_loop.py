@@ -1,5 +1,6 @@
 """The step loop: requests arriving between steps, static vs continuous batching, chunked prefill, per-row
 sampling, preemption, and the scheduler's invariants under random workloads."""
+
 import numpy as np
 import pytest
 import torch
@@ -54,14 +55,19 @@ def test_continuous_batching_matches_each_request_alone(target, pool):
     prompt_lens = [1, 300] + rng.integers(1, 301, n - 2).tolist()  # the extremes, then random
     out_lens = [64, 1] + rng.integers(1, 65, n - 2).tolist()
     offsets = rng.integers(0, len(pool) - 300, n)
-    requests = [(pool[o:o + p], SamplingParams(max_new_tokens=m, ignore_eos=True))
-                for o, p, m in zip(offsets.tolist(), prompt_lens, out_lens)]
+    requests = [
+        (pool[o : o + p], SamplingParams(max_new_tokens=m, ignore_eos=True))
+        for o, p, m in zip(offsets.tolist(), prompt_lens, out_lens)
+    ]
     arrivals = sorted(rng.integers(0, 60, n).tolist())
     alone = [target.generate([ids], params)[0].output_ids for ids, params in requests]
     results = {}
     for policy in ("static", "continuous"):
-        engine = Engine(target.hf_model, target.tokenizer,
-                        config=SchedulerConfig(policy=policy, max_num_seqs=8, max_num_batched_tokens=256))
+        engine = Engine(
+            target.hf_model,
+            target.tokenizer,
+            config=SchedulerConfig(policy=policy, max_num_seqs=8, max_num_batched_tokens=256),
+        )
         results[policy] = run_arrivals(engine, requests, arrivals)
         assert engine.backend.bytes_used() == engine.backend.bytes_reserved() == 0
     ties = 0
@@ -80,30 +86,39 @@ def test_continuous_batching_matches_each_request_alone(target, pool):
 
 def test_rows_with_their_own_sampling_params_equal_each_row_alone(target):
     prompts = ["def fibonacci(n):", "import os\nimport sys", "class Config:", "for i in range(10):", "x = "]
-    params = [SamplingParams(max_new_tokens=20, ignore_eos=True),  # greedy
-              SamplingParams(temperature=0.8, top_k=50, max_new_tokens=20, seed=1, ignore_eos=True),
-              SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=12, seed=2, ignore_eos=True),
-              SamplingParams(temperature=1.3, min_p=0.1, max_new_tokens=20, seed=3, ignore_eos=True),
-              SamplingParams(temperature=0.9, frequency_penalty=0.8, repetition_penalty=1.2, max_new_tokens=16,
-                             seed=4, ignore_eos=True)]
+    params = [
+        SamplingParams(max_new_tokens=20, ignore_eos=True),  # greedy
+        SamplingParams(temperature=0.8, top_k=50, max_new_tokens=20, seed=1, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=12, seed=2, ignore_eos=True),
+        SamplingParams(temperature=1.3, min_p=0.1, max_new_tokens=20, seed=3, ignore_eos=True),
+        SamplingParams(
+            temperature=0.9, frequency_penalty=0.8, repetition_penalty=1.2, max_new_tokens=16, seed=4, ignore_eos=True
+        ),
+    ]
     batched = [r.output_ids for r in target.generate(prompts, params)]
     alone = [target.generate([p], sp)[0].output_ids for p, sp in zip(prompts, params)]
     assert batched == alone
     assert [len(b) for b in batched] == [20, 20, 12, 20, 16]
-    other_seed = target.generate([prompts[1]], SamplingParams(temperature=0.8, top_k=50, max_new_tokens=20, seed=9,
-                                                              ignore_eos=True))[0].output_ids
+    other_seed = target.generate(
+        [prompts[1]], SamplingParams(temperature=0.8, top_k=50, max_new_tokens=20, seed=9, ignore_eos=True)
+    )[0].output_ids
     assert other_seed != alone[1]
 
 
 def test_filter_rows_equals_the_reference_row_by_row():
     torch.manual_seed(0)
     logits = torch.randn(6, 50) * 3
-    params = [SamplingParams(temperature=0.7), SamplingParams(temperature=1.0, top_k=5),
-              SamplingParams(temperature=1.5, top_p=0.8), SamplingParams(temperature=1.0, min_p=0.2),
-              SamplingParams(temperature=0.5, top_k=10, top_p=0.9, min_p=0.05), SamplingParams(temperature=2.0, top_k=50)]
+    params = [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.0, top_k=5),
+        SamplingParams(temperature=1.5, top_p=0.8),
+        SamplingParams(temperature=1.0, min_p=0.2),
+        SamplingParams(temperature=0.5, top_k=10, top_p=0.9, min_p=0.05),
+        SamplingParams(temperature=2.0, top_k=50),
+    ]
     got = filter_rows(logits, params)
     for b, p in enumerate(params):
-        assert torch.equal(got[b], process_logits(logits[b:b + 1], p)[0]), b
+        assert torch.equal(got[b], process_logits(logits[b : b + 1], p)[0]), b
 
 
 def test_sampler_draws_follow_the_distribution_and_returns_probs():
@@ -182,7 +197,7 @@ def test_stop_strings_and_params_per_prompt(target):
     assert len(stop) == 3
     res = target.generate(["def fibonacci(n):"], SamplingParams(max_new_tokens=40, ignore_eos=True, stop=(stop,)))[0]
     assert res.finish_reason == "stop" and stop not in res.text and len(res.output_ids) < 40
-    assert free.output_ids[:len(res.output_ids)] == res.output_ids
+    assert free.output_ids[: len(res.output_ids)] == res.output_ids
     with pytest.raises(ValueError, match="list of 1 SamplingParams but there are 2 prompts"):
         target.generate(["a", "b"], [SamplingParams()])
 
@@ -233,12 +248,22 @@ def small(tokenizer):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(policy=st.sampled_from(["static", "continuous"]), max_seqs=st.integers(1, 4),
-       max_tokens=st.integers(8, 48), chunked=st.booleans(), budget=st.sampled_from([None, 40, 70]),
-       reqs=st.lists(st.tuples(st.integers(1, 24), st.integers(1, 8), st.integers(0, 12)), min_size=1, max_size=10))
+@given(
+    policy=st.sampled_from(["static", "continuous"]),
+    max_seqs=st.integers(1, 4),
+    max_tokens=st.integers(8, 48),
+    chunked=st.booleans(),
+    budget=st.sampled_from([None, 40, 70]),
+    reqs=st.lists(st.tuples(st.integers(1, 24), st.integers(1, 8), st.integers(0, 12)), min_size=1, max_size=10),
+)
 def test_scheduler_invariants(small, tokenizer, policy, max_seqs, max_tokens, chunked, budget, reqs):
-    config = SchedulerConfig(policy=policy, max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens,
-                             max_model_len=64, chunked_prefill=chunked)
+    config = SchedulerConfig(
+        policy=policy,
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=max_tokens,
+        max_model_len=64,
+        chunked_prefill=chunked,
+    )
     backend = None
     if budget is not None:
         backend = BudgetBackend(2, 2, 16, 64, max_seqs, budget=budget)
@@ -259,8 +284,9 @@ def test_scheduler_invariants(small, tokenizer, policy, max_seqs, max_tokens, ch
             i = pending.pop(0)
             n_prompt, n_out, _ = reqs[i]
             try:
-                seqs[i] = engine.add_request(list(range(2, 2 + n_prompt)), SamplingParams(max_new_tokens=n_out,
-                                                                                          ignore_eos=True), request_id=i)
+                seqs[i] = engine.add_request(
+                    list(range(2, 2 + n_prompt)), SamplingParams(max_new_tokens=n_out, ignore_eos=True), request_id=i
+                )
             except ValueError:  # too big for this budget / config: rejected up front, nothing queued
                 assert i not in engine._live
         for ev in engine.step():
@@ -287,7 +313,7 @@ def test_scheduler_invariants(small, tokenizer, policy, max_seqs, max_tokens, ch
 
 def test_preempted_requests_recompute_to_the_same_tokens(target, pool):
     m = target.model
-    requests = [(pool[i * 40:i * 40 + 30], SamplingParams(max_new_tokens=24, ignore_eos=True)) for i in range(4)]
+    requests = [(pool[i * 40 : i * 40 + 30], SamplingParams(max_new_tokens=24, ignore_eos=True)) for i in range(4)]
     alone = [target.generate([ids], p)[0].output_ids for ids, p in requests]
     backend = BudgetBackend(m.num_layers, m.num_kv_heads, m.head_dim, 128, 4, budget=150)
     engine = Engine(target.hf_model, target.tokenizer, config=SchedulerConfig(max_num_seqs=4), backend=backend)
@@ -305,8 +331,10 @@ def test_kv_budget_buys_contiguous_rows(tokenizer):
     seqs = [engine.add_request([3, 4, 5], SamplingParams(max_new_tokens=4, ignore_eos=True)) for _ in range(3)]
     engine.step()
     assert [s.status.value for s in seqs] == ["running", "running", "waiting"]  # the third waits for a row
-    assert engine.kv_usage() == {"used": 2 * 3 * engine.backend.bytes_per_token,
-                                 "reserved": 2 * 64 * engine.backend.bytes_per_token}
+    assert engine.kv_usage() == {
+        "used": 2 * 3 * engine.backend.bytes_per_token,
+        "reserved": 2 * 64 * engine.backend.bytes_per_token,
+    }
     while engine.has_unfinished():
         engine.step()
     assert all(s.num_output_tokens == 4 for s in seqs)

@@ -1,4 +1,5 @@
 """The checker: right answers pass, wrong ones raise, unanswered ones wait; expected values from the library."""
+
 import pytest
 
 from course_lib import exercises
@@ -8,9 +9,9 @@ from course_lib.models import accounting
 
 
 def test_check_right_wrong_unanswered(capsys):
-    assert exercises.check("x", 1.01, 1.0) is True
+    assert exercises.check("x", 1.01, 1.0) == True  # noqa: E712 (a Verdict, not a bool)
     assert "✅" in capsys.readouterr().out
-    assert exercises.check("x", None, 1.0) is False
+    assert exercises.check("x", None, 1.0) == False  # noqa: E712
     assert "⏳" in capsys.readouterr().out
     with pytest.raises(AssertionError, match="❌ x"):
         exercises.check("x", 1.5, 1.0)

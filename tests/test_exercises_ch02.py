@@ -1,4 +1,5 @@
 """Chapter 02 exercises: right answers pass, wrong ones raise, unanswered ones wait; expected values from the library."""
+
 import numpy as np
 import pytest
 
@@ -9,7 +10,7 @@ from course_lib.models import accounting
 
 def test_ttft_tpot(capsys):
     assert ch02.check_ttft_tpot(450, 50)
-    assert ch02.check_ttft_tpot(None, None) is False
+    assert not ch02.check_ttft_tpot(None, None)
     assert "⏳" in capsys.readouterr().out
     with pytest.raises(AssertionError, match="TPOT"):
         ch02.check_ttft_tpot(450, 250 / 6)  # divided by n instead of n - 1

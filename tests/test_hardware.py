@@ -1,4 +1,5 @@
 """The datasheet table, alias lookup, device detection and measured peaks (ratios, never absolute times)."""
+
 import json
 
 import pytest
@@ -54,11 +55,20 @@ def test_entries_outside_anchors_say_so(name):
     assert "NVIDIA datasheet (not in ANCHORS.md)" in hardware.gpu_spec(name).source
 
 
-@pytest.mark.parametrize("alias,name", [
-    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("h100", "H100 SXM"), ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"),
-    ("NVIDIA A100-SXM4-40GB", "A100 40GB"), ("Tesla T4", "T4"), ("NVIDIA GeForce RTX 4090", "RTX 4090"),
-    ("nvidia l4", "L4"), ("NVIDIA A10G", "A10G"), ("NVIDIA H200", "H200 SXM"),
-])
+@pytest.mark.parametrize(
+    "alias,name",
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("h100", "H100 SXM"),
+        ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"),
+        ("NVIDIA A100-SXM4-40GB", "A100 40GB"),
+        ("Tesla T4", "T4"),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+        ("nvidia l4", "L4"),
+        ("NVIDIA A10G", "A10G"),
+        ("NVIDIA H200", "H200 SXM"),
+    ],
+)
 def test_alias_lookup(alias, name):
     assert hardware.gpu_spec(alias).name == name
 
@@ -114,14 +124,17 @@ def test_interpreter_set_without_cuda():
     assert course_lib.__version__
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda: hardware.measure_matmul("fp33", n=10**9), "unknown dtype"),
-    (lambda: hardware.measure_matmul("int4", n=10**9), "dtype must be one of"),
-    (lambda: hardware.measure_matmul("fp32", n=0), "n must be a positive int"),
-    (lambda: hardware.measure_bandwidth("copy", n_bytes=-5), "n_bytes must be a positive int"),
-    (lambda: hardware.measure_bandwidth("scale"), "kind must be 'copy' or 'triad'"),
-    (lambda: hardware.measure_bandwidth("copy", dtype="int8", n_bytes=10**15), "dtype must be one of"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: hardware.measure_matmul("fp33", n=10**9), "unknown dtype"),
+        (lambda: hardware.measure_matmul("int4", n=10**9), "dtype must be one of"),
+        (lambda: hardware.measure_matmul("fp32", n=0), "n must be a positive int"),
+        (lambda: hardware.measure_bandwidth("copy", n_bytes=-5), "n_bytes must be a positive int"),
+        (lambda: hardware.measure_bandwidth("scale"), "kind must be 'copy' or 'triad'"),
+        (lambda: hardware.measure_bandwidth("copy", dtype="int8", n_bytes=10**15), "dtype must be one of"),
+    ],
+)
 def test_bad_input_raises_before_allocating(call, match):
     # Sizes are absurd on purpose: the check must come before torch tries to allocate them.
     with pytest.raises(ValueError, match=match):

@@ -1,9 +1,11 @@
 """The intensity kernel against its torch reference: Triton (interpreter on CPU) and torch paths."""
+
 import pytest
 import torch
 
 import course_lib  # noqa: F401  (TRITON_INTERPRET before Triton)
-from course_lib.kernels import HAS_TRITON, intensity as mod
+from course_lib.kernels import HAS_TRITON
+from course_lib.kernels import intensity as mod
 from course_lib.kernels.intensity import intensity, intensity_ref, intensity_sweep, intensity_torch
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="Triton not installed")
@@ -63,12 +65,15 @@ def test_reference_really_changes_with_k():
     assert not torch.allclose(intensity_ref(x, 1), intensity_ref(x, 2))
 
 
-@pytest.mark.parametrize("kwargs,err,match", [
-    (dict(block=1000), ValueError, "block must be a power of two"),
-    (dict(block=8), ValueError, "block must be a power of two"),
-    (dict(k=0), ValueError, "k must be a positive int"),
-    (dict(path="cuda"), ValueError, "path must be one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs,err,match",
+    [
+        (dict(block=1000), ValueError, "block must be a power of two"),
+        (dict(block=8), ValueError, "block must be a power of two"),
+        (dict(k=0), ValueError, "k must be a positive int"),
+        (dict(path="cuda"), ValueError, "path must be one of"),
+    ],
+)
 def test_bad_arguments(kwargs, err, match):
     args = dict(k=2)
     args.update(kwargs)

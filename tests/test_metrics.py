@@ -1,4 +1,5 @@
 """Serving metrics on synthetic event streams whose answers are known by hand."""
+
 from __future__ import annotations
 
 import math
@@ -24,15 +25,16 @@ approx = pytest.approx
 def hand_traces() -> list[RequestTrace]:
     """Five requests; with SLO(ttft 0.5 s, tpot 0.1 s) only A and D meet it."""
     return [
-        RequestTrace("A", 0.0, 10, [0.2, 0.25, 0.3]),          # ttft 0.2, tpot 0.05  → meets
-        RequestTrace("B", 0.5, 20, [1.5, 1.55]),               # ttft 1.0             → too slow to start
-        RequestTrace("C", 1.0, 30, [1.3, 1.6, 1.9, 2.2]),      # ttft 0.3, tpot 0.3   → too slow to stream
-        RequestTrace("D", 1.5, 40, [1.9]),                     # ttft 0.4, one token  → meets (no TPOT)
-        RequestTrace("E", 2.0, 50, []),                        # never produced a token → fails
+        RequestTrace("A", 0.0, 10, [0.2, 0.25, 0.3]),  # ttft 0.2, tpot 0.05  → meets
+        RequestTrace("B", 0.5, 20, [1.5, 1.55]),  # ttft 1.0             → too slow to start
+        RequestTrace("C", 1.0, 30, [1.3, 1.6, 1.9, 2.2]),  # ttft 0.3, tpot 0.3   → too slow to stream
+        RequestTrace("D", 1.5, 40, [1.9]),  # ttft 0.4, one token  → meets (no TPOT)
+        RequestTrace("E", 2.0, 50, []),  # never produced a token → fails
     ]
 
 
 # --- one request ------------------------------------------------------------------------------------
+
 
 def test_trace_hand_case():
     t = RequestTrace("r0", arrival=0.0, prompt_tokens=12, token_times=[0.5, 0.6, 0.7, 0.8], finish=0.85)
@@ -73,6 +75,7 @@ def test_real_clock_events():
 
 # --- percentiles --------------------------------------------------------------------------------------
 
+
 def test_percentiles_known_array_and_numpy():
     assert percentiles(range(1, 101)) == approx({50: 50.5, 90: 90.1, 95: 95.05, 99: 99.01})
     values = np.random.default_rng(0).lognormal(size=1000)
@@ -86,12 +89,13 @@ def test_one_outlier_moves_the_mean_not_the_median():
     latencies = [1.0] * 9 + [100.0]
     p = percentiles(latencies)
     assert np.mean(latencies) == approx(10.9)
-    assert p[50] == 1.0           # what a typical user sees
-    assert p[99] > 90.0           # the tail sees the outlier
+    assert p[50] == 1.0  # what a typical user sees
+    assert p[99] > 90.0  # the tail sees the outlier
     assert np.mean(latencies) > p[90]
 
 
 # --- SLO and summary --------------------------------------------------------------------------------
+
 
 def test_meets_by_hand():
     slo = SLO(ttft_s=0.5, tpot_s=0.1)
@@ -102,26 +106,26 @@ def test_meets_by_hand():
 def test_summary_by_hand():
     s = summarize(hand_traces(), slo=SLO(ttft_s=0.5, tpot_s=0.1))
     assert (s.count, s.completed) == (5, 4)
-    assert s.window == approx((0.0, 2.2))              # first arrival → last token
+    assert s.window == approx((0.0, 2.2))  # first arrival → last token
     assert s.mean_ttft == approx((0.2 + 1.0 + 0.3 + 0.4) / 4)
     assert s.ttft[50] == approx(0.35)
     assert s.mean_tpot == approx((0.05 + 0.05 + 0.3) / 3)  # D has one token: no TPOT
     assert s.tpot[50] == approx(0.05)
     assert s.mean_latency == approx((0.3 + 1.05 + 1.2 + 0.4) / 4)
-    assert s.output_tokens_per_s == approx(10 / 2.2)   # 3 + 2 + 4 + 1 tokens
+    assert s.output_tokens_per_s == approx(10 / 2.2)  # 3 + 2 + 4 + 1 tokens
     assert s.total_tokens_per_s == approx((10 + 100) / 2.2)  # + prompts of A-D (E never started)
     assert s.requests_per_min == approx(60 * 4 / 2.2)
-    assert s.goodput_rps == approx(2 / 2.2)            # A and D
-    assert s.slo_attainment == approx(2 / 5)           # E counts against it
+    assert s.goodput_rps == approx(2 / 2.2)  # A and D
+    assert s.slo_attainment == approx(2 / 5)  # E counts against it
 
 
 def test_summary_over_a_window():
     s = summarize(hand_traces(), slo=SLO(ttft_s=0.5, tpot_s=0.1), window=(1.0, 2.0))
-    assert s.output_tokens_per_s == approx(6.0)        # B 1.5, 1.55; C 1.3, 1.6, 1.9; D 1.9
-    assert s.total_tokens_per_s == approx(6.0 + 90)    # first tokens of B, C, D fall inside
-    assert s.requests_per_min == approx(120.0)         # B and D finish inside
-    assert s.goodput_rps == approx(1.0)                # D
-    assert s.ttft[50] == approx(0.35)                  # the window changes rates, not latencies
+    assert s.output_tokens_per_s == approx(6.0)  # B 1.5, 1.55; C 1.3, 1.6, 1.9; D 1.9
+    assert s.total_tokens_per_s == approx(6.0 + 90)  # first tokens of B, C, D fall inside
+    assert s.requests_per_min == approx(120.0)  # B and D finish inside
+    assert s.goodput_rps == approx(1.0)  # D
+    assert s.ttft[50] == approx(0.35)  # the window changes rates, not latencies
 
 
 def test_summary_without_slo_and_table():
@@ -135,6 +139,7 @@ def test_summary_without_slo_and_table():
 
 
 # --- MFU, MBU --------------------------------------------------------------------------------------
+
 
 def test_mbu_hand_case():
     assert mbu(7e9, 2, 100, 2.0e12) == approx(0.70)
@@ -152,29 +157,36 @@ def test_mfu_both_forms_agree():
 
 # --- bad inputs -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(token_times=[0.5, 0.4]), r"token_times must be ≥ arrival .* non-decreasing; token_times\[1\]=0.4"),
-    (dict(token_times=[-0.1]), r"token_times\[0\]=-0.1 < 0.0"),
-    (dict(token_times=[float("nan")]), r"token_times\[0\] must be a finite number"),
-    (dict(prompt_tokens=-1), "prompt_tokens must be an int ≥ 0"),
-    (dict(prompt_tokens=2.5), "prompt_tokens must be an int ≥ 0"),
-    (dict(arrival=float("inf")), "arrival must be a finite number"),
-    (dict(token_times=[0.5], finish=0.4), r"finish=0.4 must be ≥ arrival and the last token time"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(token_times=[0.5, 0.4]), r"token_times must be ≥ arrival .* non-decreasing; token_times\[1\]=0.4"),
+        (dict(token_times=[-0.1]), r"token_times\[0\]=-0.1 < 0.0"),
+        (dict(token_times=[float("nan")]), r"token_times\[0\] must be a finite number"),
+        (dict(prompt_tokens=-1), "prompt_tokens must be an int ≥ 0"),
+        (dict(prompt_tokens=2.5), "prompt_tokens must be an int ≥ 0"),
+        (dict(arrival=float("inf")), "arrival must be a finite number"),
+        (dict(token_times=[0.5], finish=0.4), r"finish=0.4 must be ≥ arrival and the last token time"),
+    ],
+)
 def test_trace_rejects_bad_events(kwargs, message):
     base = dict(request_id="bad", arrival=0.0, prompt_tokens=1, token_times=[])
     with pytest.raises(ValueError, match=message):
         RequestTrace(**{**base, **kwargs})
 
 
-@pytest.mark.parametrize("values, ps, message", [
-    ([], (50,), "values must be a non-empty"),
-    ([1.0, float("nan")], (50,), "values must all be finite"),
-    ([1.0], (101,), r"ps must hold percentiles in \[0, 100\]"),
-    ([1.0], (-1,), r"ps must hold percentiles in \[0, 100\]"),
-    ([1.0], ("p50",), r"ps must hold percentiles in \[0, 100\]"),
-    ([1.0], (), "ps must be a non-empty"),
-])
+@pytest.mark.parametrize(
+    "values, ps, message",
+    [
+        ([], (50,), "values must be a non-empty"),
+        ([1.0, float("nan")], (50,), "values must all be finite"),
+        ([1.0], (101,), r"ps must hold percentiles in \[0, 100\]"),
+        ([1.0], (-1,), r"ps must hold percentiles in \[0, 100\]"),
+        ([1.0], ("p50",), r"ps must hold percentiles in \[0, 100\]"),
+        ([1.0], (), "ps must be a non-empty"),
+    ],
+)
 def test_percentiles_reject_bad_input(values, ps, message):
     with pytest.raises(ValueError, match=message):
         percentiles(values, ps)
@@ -217,9 +229,13 @@ def test_mfu_mbu_reject_bad_input():
         mfu(peak_flops_per_s=1e15, tokens_per_s=10, flops_per_token=-1)
     with pytest.raises(TypeError):
         mfu(1.0, 1e15)  # keyword-only: two bare floats are too easy to swap
-    for args, name in [((0, 2, 100, 2e12), "param_count"), ((7e9, 0, 100, 2e12), "bytes_per_param"),
-                       ((7e9, 2, -1, 2e12), "tokens_per_s"), ((7e9, 2, 100, 0), "bandwidth_bytes_per_s"),
-                       ((7e9, 2, 100, 2e12, -5.0), "kv_bytes_per_token_step")]:
+    for args, name in [
+        ((0, 2, 100, 2e12), "param_count"),
+        ((7e9, 0, 100, 2e12), "bytes_per_param"),
+        ((7e9, 2, -1, 2e12), "tokens_per_s"),
+        ((7e9, 2, 100, 0), "bandwidth_bytes_per_s"),
+        ((7e9, 2, 100, 2e12, -5.0), "kv_bytes_per_token_step"),
+    ]:
         with pytest.raises(ValueError, match=f"^{name} must be a finite number"):
             mbu(*args)
 

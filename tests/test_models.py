@@ -1,4 +1,5 @@
 """The embedded models: corpus, tokenizer, shipped checkpoints, loader, quality, smoke training."""
+
 import json
 
 import pytest

@@ -1,4 +1,5 @@
 """Prefill/decode timing on a tiny random Llama: accounting matches the real model, rates are sane."""
+
 import pytest
 import torch
 
@@ -8,8 +9,9 @@ from course_lib.models import accounting
 
 @pytest.fixture(scope="module")
 def tiny():
-    return phases.tiny_llama(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                             vocab_size=256)
+    return phases.tiny_llama(
+        hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=256
+    )
 
 
 def test_accounting_matches_the_model(tiny):

@@ -1,4 +1,5 @@
 """Figures: log-log, small, with the roofs and points asked for; the explorer wires widgets to llm_phases."""
+
 import matplotlib
 
 matplotlib.use("Agg")

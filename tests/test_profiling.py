@@ -1,5 +1,6 @@
 """Chapter 02's profiling helpers (course_lib.profiling): decode matmuls timed alone, op counts, the
 per-op floor, and what "busy" measures."""
+
 import time
 from types import SimpleNamespace
 
@@ -47,7 +48,10 @@ class _CountingLinear(torch.nn.Linear):
 def test_time_matmuls_calls_each_linear():
     torch.manual_seed(0)
     lins = [_CountingLinear(8, 12, bias=False), _CountingLinear(12, 8, bias=False), _CountingLinear(8, 20, bias=False)]
-    fake = SimpleNamespace(model=SimpleNamespace(linears=lambda: iter([(f"l{i}", lin) for i, lin in enumerate(lins)])), device=torch.device("cpu"))
+    fake = SimpleNamespace(
+        model=SimpleNamespace(linears=lambda: iter([(f"l{i}", lin) for i, lin in enumerate(lins)])),
+        device=torch.device("cpu"),
+    )
     mats = profiling.matmul_weights(fake)
     assert len(mats) == 3 and all(m is lin.weight for m, lin in zip(mats, lins))
     t = profiling.time_matmuls(fake, batch=3, repeats=4)
@@ -76,7 +80,9 @@ def test_cpu_busy_and_sampler():
     assert busy.result == "done" and busy.fraction > 0.5
     idle = profiling.cpu_busy(lambda: time.sleep(0.15), threads=1)
     assert idle.fraction < 0.3
-    readings, wall, calls = profiling.sample_while(lambda: time.sleep(0.01), lambda: 42.0, min_seconds=0.1, interval_s=0.01)
+    readings, wall, calls = profiling.sample_while(
+        lambda: time.sleep(0.01), lambda: 42.0, min_seconds=0.1, interval_s=0.01
+    )
     assert calls >= 5 and wall >= 0.1 and readings and set(readings) == {42.0}
     read, source = profiling.gpu_utilization_reader()
     if read is None:  # no GPU tooling here: a reason instead of a crash

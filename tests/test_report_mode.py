@@ -1,4 +1,5 @@
 """Report collection, quick/full switch and path discovery."""
+
 import json
 
 import pytest

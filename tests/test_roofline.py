@@ -1,5 +1,6 @@
 """Roofline maths against hand-computed cases, and LLM phases and time predictions against the accounting
 formulas."""
+
 import numpy as np
 import pytest
 
@@ -40,18 +41,21 @@ def test_point_from_timing():
         Point.from_timing(Timing("y", "cpu", (1.0,)))
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda: roofline.ridge_point(0, 1), "peak_flops must be positive"),
-    (lambda: roofline.ridge_point(1, -1), "bandwidth must be positive"),
-    (lambda: roofline.arithmetic_intensity(1, 0), "bytes must be positive"),
-    (lambda: roofline.arithmetic_intensity(-1, 1), "flops must be a non-negative"),
-    (lambda: roofline.attainable(-1, 1, 1), "intensity must be non-negative"),
-    (lambda: Roof("x", 1, 1, kind="guess"), "kind must be"),
-    (lambda: Roof.from_spec("H900"), "unknown GPU name"),
-    (lambda: roofline.llm_phases("H100 SXM", "llama-2-7b", batch=0), "batch must be a positive int"),
-    (lambda: roofline.llm_phases("H100 SXM", "llama-9"), "unknown model preset"),
-    (lambda: roofline.llm_phases("T4", "llama-2-7b", dtype="bf16"), "no bf16 support"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: roofline.ridge_point(0, 1), "peak_flops must be positive"),
+        (lambda: roofline.ridge_point(1, -1), "bandwidth must be positive"),
+        (lambda: roofline.arithmetic_intensity(1, 0), "bytes must be positive"),
+        (lambda: roofline.arithmetic_intensity(-1, 1), "flops must be a non-negative"),
+        (lambda: roofline.attainable(-1, 1, 1), "intensity must be non-negative"),
+        (lambda: Roof("x", 1, 1, kind="guess"), "kind must be"),
+        (lambda: Roof.from_spec("H900"), "unknown GPU name"),
+        (lambda: roofline.llm_phases("H100 SXM", "llama-2-7b", batch=0), "batch must be a positive int"),
+        (lambda: roofline.llm_phases("H100 SXM", "llama-9"), "unknown model preset"),
+        (lambda: roofline.llm_phases("T4", "llama-2-7b", dtype="bf16"), "no bf16 support"),
+    ],
+)
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
@@ -89,15 +93,19 @@ def test_predictions_follow_the_roofline():
     peak, bw = spec.peak_flops("bf16"), spec.bandwidth
     step = roofline.decode_time(shape, 1, peak, bw, "bf16")
     assert step == pytest.approx(accounting.decode_step_bytes(shape, 1, 1, "bf16") / bw)
-    assert roofline.prefill_time(shape, 512, peak, bw, "bf16") == pytest.approx(accounting.prefill_flops(shape, 512) / peak)
+    assert roofline.prefill_time(shape, 512, peak, bw, "bf16") == pytest.approx(
+        accounting.prefill_flops(shape, 512) / peak
+    )
     # one output token ≈ (bytes per param / 2) × ridge input tokens
     ratio = roofline.output_input_ratio(shape, peak, bw, "bf16")
     assert ratio == pytest.approx(spec.ridge("bf16"), rel=0.05)
     assert roofline.output_input_ratio(shape, peak, bw, "fp32") == pytest.approx(2 * ratio, rel=1e-6)
     # a big batch crosses the ridge: the step becomes compute-bound
     assert roofline.decode_time(shape, 1, peak, bw, "bf16", batch=1024) == pytest.approx(
-        accounting.decode_flops(shape, 1, 1024) / peak)
+        accounting.decode_flops(shape, 1, 1024) / peak
+    )
     total = roofline.generation_flops(shape, 10, 3)
-    assert total == pytest.approx(accounting.prefill_flops(shape, 10) + accounting.decode_flops(shape, 11)
-                                  + accounting.decode_flops(shape, 12))
+    assert total == pytest.approx(
+        accounting.prefill_flops(shape, 10) + accounting.decode_flops(shape, 11) + accounting.decode_flops(shape, 12)
+    )
     assert roofline.generation_flops(shape, 10, 1) == accounting.prefill_flops(shape, 10)

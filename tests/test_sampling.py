@@ -1,4 +1,5 @@
 """Sampling: agree with transformers' own logits processors, and draw from the right distribution."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,9 +38,9 @@ def rand_logits(b: int, v: int, seed: int = 0, scale: float = 3.0) -> torch.Tens
 
 def tied_logits() -> torch.Tensor:
     # Row 0: ties at the top; row 1: ties straddling rank 2/3; row 2: all equal.
-    return torch.tensor([[2.0, 2.0, 1.0, 0.5, 0.5, -1.0],
-                         [3.0, 1.0, 1.0, 1.0, 0.0, -2.0],
-                         [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    return torch.tensor(
+        [[2.0, 2.0, 1.0, 0.5, 0.5, -1.0], [3.0, 1.0, 1.0, 1.0, 0.0, -2.0], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]]
+    )
 
 
 def draw(logits_row: torch.Tensor, params: SamplingParams, n: int, seed: int = 0) -> torch.Tensor:
@@ -53,6 +54,7 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 # --- agreement with transformers -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("k", [1, 2, 4, 50, 10_000])
@@ -101,7 +103,7 @@ def test_exact_boundaries_keep_the_token_that_reaches_them():
     x = torch.tensor([[0.0, -math.log(2), -2 * math.log(2), -2 * math.log(2)]])  # probs exactly 1/2, 1/4, 1/8, 1/8
     expect = [True, True, False, False]
     assert top_p_filter(x, 0.75).isfinite()[0].tolist() == expect  # 1/2 + 1/4 reaches p = 0.75 exactly
-    assert min_p_filter(x, 0.5).isfinite()[0].tolist() == expect   # 1/4 == 0.5 · 1/2 is not below the cut
+    assert min_p_filter(x, 0.5).isfinite()[0].tolist() == expect  # 1/4 == 0.5 · 1/2 is not below the cut
     torch.testing.assert_close(top_p_filter(x, 0.75), TopPLogitsWarper(0.75)(None, x), rtol=0, atol=0)
     torch.testing.assert_close(min_p_filter(x, 0.5), MinPLogitsWarper(0.5)(None, x), rtol=0, atol=0)
 
@@ -148,14 +150,22 @@ def test_low_precision_logits_are_upcast(dtype):
 def test_filters_do_not_modify_input():
     x = rand_logits(2, 20)
     before = x.clone()
-    params = SamplingParams(temperature=0.5, top_k=3, top_p=0.5, min_p=0.1, repetition_penalty=1.5,
-                            presence_penalty=1.0, frequency_penalty=0.5)
+    params = SamplingParams(
+        temperature=0.5,
+        top_k=3,
+        top_p=0.5,
+        min_p=0.1,
+        repetition_penalty=1.5,
+        presence_penalty=1.0,
+        frequency_penalty=0.5,
+    )
     counts = torch.ones(2, 20, dtype=torch.int64)
     process_logits(x, params, counts, counts)
     assert torch.equal(x, before)
 
 
 # --- statistics of the draws -----------------------------------------------------------------------
+
 
 def test_top_k_never_emits_outside_the_k():
     x = rand_logits(1, 50, seed=11, scale=1.0)  # flat-ish, so the tail would be drawn often without top-k
@@ -172,8 +182,8 @@ def test_top_p_keeps_the_smallest_prefix_and_emits_only_it():
     order = probs.argsort(descending=True)
     n = int(kept.sum())
     assert kept[order[:n]].all() and not kept[order[n:]].any()  # a prefix of the ranking
-    assert probs[order[:n]].sum() >= p - 1e-6                   # reaches p ...
-    assert probs[order[:n - 1]].sum() < p + 1e-6                # ... and one token fewer would not
+    assert probs[order[:n]].sum() >= p - 1e-6  # reaches p ...
+    assert probs[order[: n - 1]].sum() < p + 1e-6  # ... and one token fewer would not
     tokens = draw(x, SamplingParams(temperature=1.0, top_p=p), n=4000)
     assert kept[tokens].all()
     # Every emitted token is in the nucleus, so the probability mass of the emitted set is ≤ the kept mass.
@@ -224,6 +234,7 @@ def test_high_temperature_flattens():
 
 # --- penalties --------------------------------------------------------------------------------------
 
+
 def test_presence_and_frequency_touch_only_output_tokens():
     x = torch.zeros(1, 5)
     out = torch.tensor([[0, 1, 3, 0, 0]])
@@ -231,11 +242,11 @@ def test_presence_and_frequency_touch_only_output_tokens():
     pres = apply_penalties(x, SamplingParams(presence_penalty=0.5), prompt, out)
     freq = apply_penalties(x, SamplingParams(frequency_penalty=0.5), prompt, out)
     both = apply_penalties(x, SamplingParams(presence_penalty=0.5, frequency_penalty=0.5), prompt, out)
-    assert pres.tolist() == [[0.0, -0.5, -0.5, 0.0, 0.0]]   # once per token, whatever the count
-    assert freq.tolist() == [[0.0, -0.5, -1.5, 0.0, 0.0]]   # proportional to the count
+    assert pres.tolist() == [[0.0, -0.5, -0.5, 0.0, 0.0]]  # once per token, whatever the count
+    assert freq.tolist() == [[0.0, -0.5, -1.5, 0.0, 0.0]]  # proportional to the count
     assert both.tolist() == [[0.0, -1.0, -2.0, 0.0, 0.0]]
     neg = apply_penalties(x, SamplingParams(presence_penalty=-1.0), prompt, out)
-    assert neg.tolist() == [[0.0, 1.0, 1.0, 0.0, 0.0]]      # negative values encourage repeats
+    assert neg.tolist() == [[0.0, 1.0, 1.0, 0.0, 0.0]]  # negative values encourage repeats
 
 
 def test_repetition_penalty_sign_handling():
@@ -247,8 +258,7 @@ def test_repetition_penalty_sign_handling():
     encourage = apply_penalties(x, SamplingParams(repetition_penalty=0.5), prompt, out)
     assert encourage.tolist() == [[4.0, -1.0, 0.0, 4.0, -2.0]]
     # Prompt counts alone are enough on the first step.
-    assert apply_penalties(x, SamplingParams(repetition_penalty=2.0), prompt).tolist() == \
-        [[1.0, -4.0, 0.0, 4.0, -4.0]]
+    assert apply_penalties(x, SamplingParams(repetition_penalty=2.0), prompt).tolist() == [[1.0, -4.0, 0.0, 4.0, -4.0]]
 
 
 def test_penalties_change_the_greedy_choice():
@@ -273,29 +283,38 @@ def test_greedy_decode_with_repetition_penalty_matches_hf_generate():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=101, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=101,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
     model = LlamaForCausalLM(cfg).eval()
     prompt = torch.tensor([[5, 9, 5, 17, 9], [3, 3, 3, 4, 60]])  # (B, T)
 
     def ours(params: SamplingParams) -> torch.Tensor:
         ids, prompt_counts = prompt, counts_from_ids(prompt, cfg.vocab_size)  # (B, V)
-        output_counts = torch.zeros_like(prompt_counts)                       # (B, V)
+        output_counts = torch.zeros_like(prompt_counts)  # (B, V)
         for _ in range(params.max_new_tokens):
-            logits = model(ids).logits[:, -1]                                 # (B, V)
+            logits = model(ids).logits[:, -1]  # (B, V)
             nxt = sample_next(logits, params, prompt_counts=prompt_counts, output_counts=output_counts)  # (B,)
             output_counts[torch.arange(len(nxt)), nxt] += 1
             ids = torch.cat([ids, nxt[:, None]], dim=1)
         return ids
 
-    theirs = model.generate(prompt, max_new_tokens=8, do_sample=False, repetition_penalty=1.5,
-                            pad_token_id=0, eos_token_id=None)
+    theirs = model.generate(
+        prompt, max_new_tokens=8, do_sample=False, repetition_penalty=1.5, pad_token_id=0, eos_token_id=None
+    )
     penalised = ours(SamplingParams(repetition_penalty=1.5, max_new_tokens=8))
     assert torch.equal(penalised, theirs)
     assert not torch.equal(penalised, ours(SamplingParams(max_new_tokens=8)))  # the penalty mattered
 
 
 # --- greedy, seeds, presets -------------------------------------------------------------------------
+
 
 def test_greedy_is_argmax_and_first_index_on_ties():
     x = tied_logits()
@@ -330,32 +349,36 @@ def test_presets():
 
 # --- bad inputs ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(temperature=-0.1), "temperature"),
-    (dict(temperature=float("inf")), "temperature"),
-    (dict(temperature=float("nan")), "temperature"),
-    (dict(temperature="hot"), "temperature"),
-    (dict(top_k=-1), "top_k"),
-    (dict(top_k=2.0), "top_k"),
-    (dict(top_k=True), "top_k"),
-    (dict(top_p=0.0), "top_p"),
-    (dict(top_p=1.01), "top_p"),
-    (dict(min_p=1.0), "min_p"),
-    (dict(min_p=-0.1), "min_p"),
-    (dict(repetition_penalty=0.0), "repetition_penalty"),
-    (dict(repetition_penalty=float("inf")), "repetition_penalty"),
-    (dict(presence_penalty=2.5), "presence_penalty"),
-    (dict(frequency_penalty=-3.0), "frequency_penalty"),
-    (dict(frequency_penalty=float("nan")), "frequency_penalty"),
-    (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(max_new_tokens=1.5), "max_new_tokens"),
-    (dict(seed=-1), "seed"),
-    (dict(seed=1.0), "seed"),
-    (dict(ignore_eos=1), "ignore_eos"),
-    (dict(num_beams=0), "num_beams"),
-    (dict(num_beams=4, temperature=0.7), "num_beams"),
-    (dict(length_penalty=float("nan")), "length_penalty"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(temperature=-0.1), "temperature"),
+        (dict(temperature=float("inf")), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(temperature="hot"), "temperature"),
+        (dict(top_k=-1), "top_k"),
+        (dict(top_k=2.0), "top_k"),
+        (dict(top_k=True), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.01), "top_p"),
+        (dict(min_p=1.0), "min_p"),
+        (dict(min_p=-0.1), "min_p"),
+        (dict(repetition_penalty=0.0), "repetition_penalty"),
+        (dict(repetition_penalty=float("inf")), "repetition_penalty"),
+        (dict(presence_penalty=2.5), "presence_penalty"),
+        (dict(frequency_penalty=-3.0), "frequency_penalty"),
+        (dict(frequency_penalty=float("nan")), "frequency_penalty"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=1.5), "max_new_tokens"),
+        (dict(seed=-1), "seed"),
+        (dict(seed=1.0), "seed"),
+        (dict(ignore_eos=1), "ignore_eos"),
+        (dict(num_beams=0), "num_beams"),
+        (dict(num_beams=4, temperature=0.7), "num_beams"),
+        (dict(length_penalty=float("nan")), "length_penalty"),
+    ],
+)
 def test_params_reject_bad_values(kwargs, field):
     with pytest.raises(ValueError, match=rf"SamplingParams\.{field}( must|=)"):
         SamplingParams(**kwargs)

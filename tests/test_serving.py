@@ -1,5 +1,6 @@
 """Chapter 02's workloads and client side (course_lib.serving): right shapes, right bookkeeping, fits that
 recover known costs."""
+
 import numpy as np
 import pytest
 
@@ -46,7 +47,11 @@ def test_workload_is_seeded_and_long_tailed(pool):
 
 
 def test_serve_static_batches_cut_traces_and_queue(engine, pool):
-    reqs = [serving.Request(tuple(pool[:6]), 3), serving.Request(tuple(pool[6:10]), 5), serving.Request(tuple(pool[:2]), 2)]
+    reqs = [
+        serving.Request(tuple(pool[:6]), 3),
+        serving.Request(tuple(pool[6:10]), 5),
+        serving.Request(tuple(pool[:2]), 2),
+    ]
     alone = serving.serve(engine, reqs, batch_size=1)
     batched = serving.serve(engine, reqs, batch_size=3)
     for traces in (alone, batched):

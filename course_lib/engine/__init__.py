@@ -2,10 +2,18 @@
 
 See ``course_lib/engine/README.md`` for one ``step()`` drawn, and which chapter changes which seam.
 """
+
 from course_lib.engine.engine import Engine, GenerationResult, TokenEvent
 from course_lib.engine.sampling import SamplingParams
 from course_lib.engine.scheduler import SchedulerConfig
 from course_lib.engine.sequence import Sequence, SequenceStatus
 
-__all__ = ["Engine", "GenerationResult", "SamplingParams", "SchedulerConfig", "Sequence", "SequenceStatus",
-           "TokenEvent"]
+__all__ = [
+    "Engine",
+    "GenerationResult",
+    "SamplingParams",
+    "SchedulerConfig",
+    "Sequence",
+    "SequenceStatus",
+    "TokenEvent",
+]

@@ -7,6 +7,7 @@ the prefill and set-up cancel, what is left is the bandwidth-bound decode loop. 
   step time, i.e. how fast the engine streams its weights, to set beside the STREAM bandwidth.
 Used by ``benchmarks/engine_vs_hf.py`` and 02_metrics.ipynb.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -47,8 +48,14 @@ def _step_time(run, new_tokens: int, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def engine_vs_hf(engine: Engine, batches=(1, 8), new_tokens: int = 64, repeats: int = 3,
-                 bandwidth_bytes_per_s: float | None = None, prompt: str = PROMPT) -> list[DecodeRow]:
+def engine_vs_hf(
+    engine: Engine,
+    batches=(1, 8),
+    new_tokens: int = 64,
+    repeats: int = 3,
+    bandwidth_bytes_per_s: float | None = None,
+    prompt: str = PROMPT,
+) -> list[DecodeRow]:
     """Decode tokens/s (all sequences together) of ``engine`` and of ``engine.hf_model.generate``."""
     if not isinstance(new_tokens, int) or new_tokens < 2:
         raise ValueError(f"new_tokens must be an int ≥ 2 (we subtract a 1-token run), got {new_tokens!r}")
@@ -67,16 +74,34 @@ def engine_vs_hf(engine: Engine, batches=(1, 8), new_tokens: int = 64, repeats: 
             engine.generate(prompts, SamplingParams(max_new_tokens=n, ignore_eos=True))
 
         def theirs(n: int) -> None:
-            hf.generate(input_ids=ids.expand(b, -1), attention_mask=torch.ones_like(ids).expand(b, -1),
-                        max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id)
+            hf.generate(
+                input_ids=ids.expand(b, -1),
+                attention_mask=torch.ones_like(ids).expand(b, -1),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+            )
 
         t_ours = _step_time(ours, new_tokens, repeats)
         t_hf = _step_time(theirs, new_tokens, repeats)
         context = ids.shape[1] + new_tokens / 2  # average keys per step
         moved = weight_bytes(shape, dtype) + kv_bytes_per_token(shape, dtype) * context * b
         mbu = moved / t_ours / bandwidth_bytes_per_s if bandwidth_bytes_per_s else None
-        rows.append(DecodeRow(b, b / t_ours, b / t_hf, t_hf / t_ours, t_ours * 1e3, t_hf * 1e3, moved, mbu,
-                              w_bytes / t_ours / 1e9, w_bytes / t_hf / 1e9))
+        rows.append(
+            DecodeRow(
+                b,
+                b / t_ours,
+                b / t_hf,
+                t_hf / t_ours,
+                t_ours * 1e3,
+                t_hf * 1e3,
+                moved,
+                mbu,
+                w_bytes / t_ours / 1e9,
+                w_bytes / t_hf / 1e9,
+            )
+        )
     return rows
 
 
@@ -98,16 +123,20 @@ def profile_decode_step(engine: Engine, batch: int = 1, steps: int = 20, row_lim
 
 
 def format_rows(rows: list[DecodeRow], stream_gbps: float | None = None) -> str:
-    head = (f"{'batch':>5} {'engine tok/s':>13} {'HF tok/s':>10} {'ratio':>6} {'step ms (ours/HF)':>18} {'MBU':>7} "
-            f"{'weights GB/s (ours/HF)':>23}")
+    head = (
+        f"{'batch':>5} {'engine tok/s':>13} {'HF tok/s':>10} {'ratio':>6} {'step ms (ours/HF)':>18} {'MBU':>7} "
+        f"{'weights GB/s (ours/HF)':>23}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         mbu = f"{r.mbu_engine:.1%}" if r.mbu_engine is not None else "—"
         bw = f"{r.weight_gbps_engine:6.1f} / {r.weight_gbps_hf:<6.1f}"
         if stream_gbps:
             bw += f" ({r.weight_gbps_engine / stream_gbps:.0%})"
-        lines.append(f"{r.batch:>5} {r.engine_tok_s:>13.1f} {r.hf_tok_s:>10.1f} {r.ratio:>5.2f}x "
-                     f"{r.step_ms_engine:>8.2f} / {r.step_ms_hf:<7.2f} {mbu:>7} {bw:>23}")
+        lines.append(
+            f"{r.batch:>5} {r.engine_tok_s:>13.1f} {r.hf_tok_s:>10.1f} {r.ratio:>5.2f}x "
+            f"{r.step_ms_engine:>8.2f} / {r.step_ms_hf:<7.2f} {mbu:>7} {bw:>23}"
+        )
     return "\n".join(lines)
 
 

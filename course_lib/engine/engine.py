@@ -12,13 +12,15 @@ its id reached the host (``.tolist()`` waits for the device), so TTFT/TPOT/throu
 events. Requests may be added between steps: with the ``continuous`` policy they join the running
 batch at the next step. Introduced in 02_metrics.ipynb; the architecture is drawn in ``engine/README.md``.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence as SequenceABC
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as SequenceABC
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,9 +64,16 @@ class GenerationResult:
 class Engine:
     """A minimal inference engine over a ``transformers`` Llama-family checkpoint, shaped like vLLM's."""
 
-    def __init__(self, model="tiny-target", tokenizer=None, device: str | torch.device = "cpu", dtype: str = "fp32",
-                 config: SchedulerConfig | None = None, backend: AttentionBackend | None = None,
-                 linear: str = "auto") -> None:
+    def __init__(
+        self,
+        model="tiny-target",
+        tokenizer=None,
+        device: str | torch.device = "cpu",
+        dtype: str = "fp32",
+        config: SchedulerConfig | None = None,
+        backend: AttentionBackend | None = None,
+        linear: str = "auto",
+    ) -> None:
         """``linear``: "reference" (``F.linear`` everywhere), "skinny" (``layers.SkinnyLinear``: decode-shaped
         products routed to the fastest CPU kernel) or "auto" (skinny for fp32 on a CPU, else reference)."""
         if linear not in LINEAR_CHOICES:
@@ -90,8 +99,10 @@ class Engine:
         if config.max_model_len is None:
             config = dataclasses.replace(config, max_model_len=m.max_position)
         elif config.max_model_len > m.max_position:
-            raise ValueError(f"SchedulerConfig.max_model_len={config.max_model_len} exceeds the model's context "
-                             f"window of {m.max_position} tokens")
+            raise ValueError(
+                f"SchedulerConfig.max_model_len={config.max_model_len} exceeds the model's context "
+                f"window of {m.max_position} tokens"
+            )
         self.config = config
         if backend is None:
             # the contiguous cache reserves max_model_len slots per sequence: the KV budget buys whole rows
@@ -99,11 +110,14 @@ class Engine:
             if config.max_kv_tokens is not None:
                 rows = min(rows, config.max_kv_tokens // config.max_model_len)
                 if rows == 0:
-                    raise ValueError(f"SchedulerConfig.max_kv_tokens={config.max_kv_tokens} cannot hold one sequence of "
-                                     f"max_model_len={config.max_model_len} tokens in a contiguous cache; raise it "
-                                     f"or lower max_model_len")
-            backend = ContiguousBackend(m.num_layers, m.num_kv_heads, m.head_dim, config.max_model_len, rows,
-                                        m.dtype, m.device)
+                    raise ValueError(
+                        f"SchedulerConfig.max_kv_tokens={config.max_kv_tokens} cannot hold one sequence of "
+                        f"max_model_len={config.max_model_len} tokens in a contiguous cache; raise it "
+                        f"or lower max_model_len"
+                    )
+            backend = ContiguousBackend(
+                m.num_layers, m.num_kv_heads, m.head_dim, config.max_model_len, rows, m.dtype, m.device
+            )
         self.backend = backend
         if not isinstance(self.backend, AttentionBackend):
             raise ValueError(f"backend must be an AttentionBackend, got {type(self.backend).__name__}")
@@ -145,32 +159,49 @@ class Engine:
         kv_limit = self.backend.max_tokens_per_seq()
         for i, p in enumerate(ids):
             if len(p) + max_new_tokens > limit:
-                raise ValueError(f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} it exceeds "
-                                 f"the context window of {limit} tokens")
+                raise ValueError(
+                    f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} it exceeds "
+                    f"the context window of {limit} tokens"
+                )
             if len(p) + max_new_tokens > kv_limit:
-                raise ValueError(f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs more "
-                                 f"KV storage than the whole cache holds for one sequence ({kv_limit} tokens)")
-            if not (self.config.chunked_prefill and self.backend.stores_kv) \
-                    and len(p) + max_new_tokens > self.config.max_num_batched_tokens:
-                raise ValueError(f"prompts[{i}] has {len(p)} tokens, more than max_num_batched_tokens="
-                                 f"{self.config.max_num_batched_tokens} with chunked prefill off: it could never run")
+                raise ValueError(
+                    f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs more "
+                    f"KV storage than the whole cache holds for one sequence ({kv_limit} tokens)"
+                )
+            if (
+                not (self.config.chunked_prefill and self.backend.stores_kv)
+                and len(p) + max_new_tokens > self.config.max_num_batched_tokens
+            ):
+                raise ValueError(
+                    f"prompts[{i}] has {len(p)} tokens, more than max_num_batched_tokens="
+                    f"{self.config.max_num_batched_tokens} with chunked prefill off: it could never run"
+                )
 
     @staticmethod
     def _check_params(params, where: str = "params") -> SamplingParams:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"{where} must be a SamplingParams, got {type(params).__name__}")
         if params.num_beams > 1:
-            raise ValueError(f"{where}.num_beams={params.num_beams}: use Engine.beam_search (it returns whole "
-                             "sequences, not a stream)")
+            raise ValueError(
+                f"{where}.num_beams={params.num_beams}: use Engine.beam_search (it returns whole "
+                "sequences, not a stream)"
+            )
         return params
 
     # ---------------------------------------------------------------- the step loop
-    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | int | None = None,
-                    arrival: float | None = None) -> Sequence:
+    def add_request(
+        self,
+        prompt,
+        params: SamplingParams | None = None,
+        request_id: str | int | None = None,
+        arrival: float | None = None,
+    ) -> Sequence:
         """Queue one request (a string or token ids); it runs from the next ``step()``. Bad input raises
         ``ValueError`` here, before anything is queued, and leaves every other request untouched."""
         params = self._check_params(params or SamplingParams())
-        if isinstance(prompt, str) or (isinstance(prompt, SequenceABC) and (not prompt or not isinstance(prompt[0], str))):
+        if isinstance(prompt, str) or (
+            isinstance(prompt, SequenceABC) and (not prompt or not isinstance(prompt[0], str))
+        ):
             [ids] = self.encode([prompt])
         else:
             raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
@@ -227,7 +258,7 @@ class Engine:
             return "eos"
         if p.stop:
             longest = max(len(s) for s in p.stop)
-            tail = self.tokenizer.decode(seq.output_ids[-(longest + 8):], skip_special_tokens=True)
+            tail = self.tokenizer.decode(seq.output_ids[-(longest + 8) :], skip_special_tokens=True)
             if any(s in tail for s in p.stop):
                 return "stop"
         if seq.num_output_tokens >= p.max_new_tokens:
@@ -238,11 +269,12 @@ class Engine:
         """One forward over the flat batch; logits (M, V) of the last new token of each sequence flagged in
         ``want_logits`` (default: all)."""
         starts = [seq.num_cached_tokens for seq in batch.seqs]
-        chunks = [seq.token_ids[s:s + n] for seq, s, n in zip(batch.seqs, starts, batch.num_tokens)]
+        chunks = [seq.token_ids[s : s + n] for seq, s, n in zip(batch.seqs, starts, batch.num_tokens)]
         return self.forward([seq.kv for seq in batch.seqs], chunks, starts, want_logits)
 
-    def forward(self, handles: list, chunks: list[list[int]], starts: list[int],
-                want_logits: list[bool] | None = None) -> torch.Tensor:
+    def forward(
+        self, handles: list, chunks: list[list[int]], starts: list[int], want_logits: list[bool] | None = None
+    ) -> torch.Tensor:
         """Run ``chunks[i]`` (new token ids of sequence i, at positions ``starts[i]...``) as one flat batch.
         Storage must already have room (``backend.append``). Returns logits (M, V) as in ``execute``."""
         flat: list[int] = []
@@ -291,16 +323,22 @@ class Engine:
             return [self._check_params(p, f"params[{i}]") for i, p in enumerate(params)]
         raise ValueError(f"params must be a SamplingParams or a list of one per prompt, got {type(params).__name__}")
 
-    def events(self, ids: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-               use_kv_cache: bool = True, arrival: float | None = None) -> Iterator[TokenEvent]:
+    def events(
+        self,
+        ids: list[list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        use_kv_cache: bool = True,
+        arrival: float | None = None,
+    ) -> Iterator[TokenEvent]:
         """Run these prompts (token ids) to completion, yielding each token as soon as it is on the host.
         ``event.request`` is the prompt's index. Needs an engine with no other unfinished requests."""
         plist = self._params_list(params, len(ids))
         for p in plist:
             self.check_fits(ids, p.max_new_tokens)
         if self.has_unfinished():
-            raise RuntimeError("generate/events need an idle engine; drive add_request/step yourself to mix "
-                               "them with other requests")
+            raise RuntimeError(
+                "generate/events need an idle engine; drive add_request/step yourself to mix them with other requests"
+            )
         arrival = time.perf_counter() if arrival is None else arrival
         with self._backend(use_kv_cache):
             for i, (p_ids, p) in enumerate(zip(ids, plist)):
@@ -312,9 +350,14 @@ class Engine:
                 for rid in list(self._live):  # the caller stopped early: free what is left
                     self.abort(rid)
 
-    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
-                 use_kv_cache: bool = True, on_token: Callable[[TokenEvent], None] | None = None
-                 ) -> list[GenerationResult]:
+    def generate(
+        self,
+        prompts,
+        params: SamplingParams | list[SamplingParams] | None = None,
+        *,
+        use_kv_cache: bool = True,
+        on_token: Callable[[TokenEvent], None] | None = None,
+    ) -> list[GenerationResult]:
         """Generate for every prompt (one ``SamplingParams`` for all, or a list with one per prompt);
         results in prompt order, each with its trace."""
         arrival = time.perf_counter()
@@ -332,8 +375,13 @@ class Engine:
                 on_token(ev)
         results = []
         for i, (p, out) in enumerate(zip(ids, outputs)):
-            trace = RequestTrace(request_id=i, arrival=arrival, prompt_tokens=len(p), token_times=times[i],
-                                 finish=times[i][-1] if times[i] else None)
+            trace = RequestTrace(
+                request_id=i,
+                arrival=arrival,
+                prompt_tokens=len(p),
+                token_times=times[i],
+                finish=times[i][-1] if times[i] else None,
+            )
             text = self.tokenizer.decode(out, skip_special_tokens=True)
             if reasons[i] == "stop":  # cut the text before the stop string, as the OpenAI API does
                 cut = min((text.find(s) for s in plist[i].stop if s in text), default=len(text))
@@ -353,13 +401,19 @@ class Engine:
             if text.endswith("\ufffd") and not ev.finished:
                 piece = ""  # a multi-byte character is split across tokens: wait for its other bytes
             else:
-                piece, shown = text[len(shown):], text
+                piece, shown = text[len(shown) :], text
             yield piece, ev
 
     # ---------------------------------------------------------------- beam search
     @torch.inference_mode()
-    def beam_search(self, prompt, num_beams: int = 4, max_new_tokens: int = 32, length_penalty: float = 1.0,
-                    ignore_eos: bool = False) -> list[int]:
+    def beam_search(
+        self,
+        prompt,
+        num_beams: int = 4,
+        max_new_tokens: int = 32,
+        length_penalty: float = 1.0,
+        ignore_eos: bool = False,
+    ) -> list[int]:
         """Keep the ``num_beams`` best partial sequences by total log-probability (Xiao & Zhu's beam decoding).
 
         Finished hypotheses (ending in EOS) are scored sum_logprob / generated_len ** length_penalty.

@@ -6,6 +6,7 @@ The model never calls ``F.linear`` itself; it calls these objects. A weight-only
 (chapter 03) or a column/row-parallel layer (chapter 07) replaces one with ``model.set_linear(name, new)``
 without touching the model code. Introduced in 02_metrics.ipynb.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,10 @@ class Linear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-            raise ValueError(f"weight must be a 2-D (out_features, in_features) tensor, got "
-                             f"{getattr(weight, 'shape', type(weight).__name__)}")
+            raise ValueError(
+                f"weight must be a 2-D (out_features, in_features) tensor, got "
+                f"{getattr(weight, 'shape', type(weight).__name__)}"
+            )
         if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
             raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
         self.weight = weight  # (out, in)
@@ -46,8 +49,10 @@ class Linear:
         return self.forward(x)  # so that a subclass only overrides forward
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(in={self.in_features}, out={self.out_features}, "
-                f"bias={self.bias is not None}, dtype={self.weight.dtype})")
+        return (
+            f"{type(self).__name__}(in={self.in_features}, out={self.out_features}, "
+            f"bias={self.bias is not None}, dtype={self.weight.dtype})"
+        )
 
     @classmethod
     def fuse(cls, *linears: torch.nn.Linear) -> "Linear":
@@ -65,9 +70,9 @@ class Linear:
         start = 0
         for lin in linears:
             rows = lin.weight.shape[0]
-            lin.weight.data = weight[start: start + rows]  # shared storage
+            lin.weight.data = weight[start : start + rows]  # shared storage
             if bias is not None:
-                lin.bias.data = bias[start: start + rows]
+                lin.bias.data = bias[start : start + rows]
             start += rows
         return cls(weight, bias)
 
@@ -88,11 +93,20 @@ class SkinnyLinear(Linear):
     doubles this layer's weight memory.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, min_bytes: int = 1 << 16,
-                 max_packed_rows: int = 16) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        min_bytes: int = 1 << 16,
+        max_packed_rows: int = 16,
+    ) -> None:
         super().__init__(weight, bias)
-        self.enabled = (weight.device.type == "cpu" and weight.dtype == torch.float32
-                        and weight.numel() * 4 >= min_bytes and torch.backends.mkldnn.is_available())
+        self.enabled = (
+            weight.device.type == "cpu"
+            and weight.dtype == torch.float32
+            and weight.numel() * 4 >= min_bytes
+            and torch.backends.mkldnn.is_available()
+        )
         self.max_packed_rows = max_packed_rows
         self._packed = None  # oneDNN's blocked copy of W, made on the first decode-shaped call
 

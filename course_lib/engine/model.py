@@ -11,6 +11,7 @@ sequence each belongs to. Three seams keep the chapters out of this file:
 Per decode step every weight is read once for one token per sequence: ~2 FLOPs per weight read, far
 below any machine's ridge point, so decode is memory-bandwidth-bound. Introduced in 02_metrics.ipynb.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -30,11 +31,11 @@ class DecoderLayer:
     """One decoder layer: two norms and four linear layers (q/k/v and gate/up fused: one matmul reads them all)."""
 
     attn_norm: torch.Tensor  # (D,)
-    qkv: Linear              # D → (H + 2·Hkv)·hd
-    o: Linear                # H·hd → D
-    mlp_norm: torch.Tensor   # (D,)
-    gate_up: Linear          # D → 2F
-    down: Linear             # F → D
+    qkv: Linear  # D → (H + 2·Hkv)·hd
+    o: Linear  # H·hd → D
+    mlp_norm: torch.Tensor  # (D,)
+    gate_up: Linear  # D → 2F
+    down: Linear  # F → D
 
 
 LINEAR_NAMES = ("qkv", "o", "gate_up", "down")
@@ -65,8 +66,10 @@ def check_supported(config) -> None:
     """Raise a clear error for a checkpoint this forward does not implement."""
     kind = getattr(config, "model_type", None)
     if kind not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"model_type {kind!r} is not supported by the course engine; supported: "
-                         f"{list(SUPPORTED_MODEL_TYPES)} (Llama-family decoders with RoPE, RMSNorm and SwiGLU)")
+        raise ValueError(
+            f"model_type {kind!r} is not supported by the course engine; supported: "
+            f"{list(SUPPORTED_MODEL_TYPES)} (Llama-family decoders with RoPE, RMSNorm and SwiGLU)"
+        )
     act = getattr(config, "hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act {act!r} is not supported: the engine's MLP is SwiGLU (silu)")
@@ -103,10 +106,16 @@ class LlamaEngineModel:
         with torch.no_grad():
             for layer in base.layers:
                 a, m = layer.self_attn, layer.mlp
-                self.layers.append(DecoderLayer(
-                    layer.input_layernorm.weight, Linear.fuse(a.q_proj, a.k_proj, a.v_proj), Linear.fuse(a.o_proj),
-                    layer.post_attention_layernorm.weight, Linear.fuse(m.gate_proj, m.up_proj),
-                    Linear.fuse(m.down_proj)))
+                self.layers.append(
+                    DecoderLayer(
+                        layer.input_layernorm.weight,
+                        Linear.fuse(a.q_proj, a.k_proj, a.v_proj),
+                        Linear.fuse(a.o_proj),
+                        layer.post_attention_layernorm.weight,
+                        Linear.fuse(m.gate_proj, m.up_proj),
+                        Linear.fuse(m.down_proj),
+                    )
+                )
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.ffn_size = base.layers[0].mlp.down_proj.weight.shape[1]
@@ -154,8 +163,9 @@ class LlamaEngineModel:
         """(N,) ids → (N, D): reads only N rows of the embedding table."""
         return F.embedding(input_ids, self.embed_weight)
 
-    def run_layers(self, x: torch.Tensor, positions: torch.Tensor, meta, backend, start: int = 0,
-                   stop: int | None = None) -> torch.Tensor:
+    def run_layers(
+        self, x: torch.Tensor, positions: torch.Tensor, meta, backend, start: int = 0, stop: int | None = None
+    ) -> torch.Tensor:
         """Decoder layers ``start..stop`` over the flat batch x (N, D); a pipeline stage runs a slice."""
         N = x.shape[0]
         H, Hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
@@ -180,8 +190,14 @@ class LlamaEngineModel:
         """Hidden states (M, D) → logits (M, V): final norm + LM head (read whole, tied or not)."""
         return self.lm_head(rms_norm(x, self.final_norm, self.eps))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, backend,
-                logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta,
+        backend,
+        logits_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Flat ids and positions (N,) → logits (N, V), or (M, V) only at the flat ``logits_indices`` (M,)."""
         x = self.run_layers(self.embed(input_ids), positions, meta, backend)
         if logits_indices is not None and logits_indices.numel() == 0:  # a prefill chunk that samples nothing

@@ -9,6 +9,7 @@ probability p_i (as vLLM does): each seeded row draws its ``E`` from its own gen
 the same tokens whatever else is in the batch. ``return_probs`` also returns the distribution each
 token was drawn from, which chapter 04's speculative rejection rule needs. Introduced in 02_metrics.ipynb.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,13 +28,15 @@ def token_counts(ids: list[int], vocab_size: int, device) -> torch.Tensor:
     """(1, V) int64 occurrence counts of ``ids``."""
     counts = torch.zeros(1, vocab_size, dtype=torch.int64, device=device)
     if ids:
-        counts[0].index_add_(0, torch.tensor(ids, device=device), torch.ones(len(ids), dtype=torch.int64, device=device))
+        counts[0].index_add_(
+            0, torch.tensor(ids, device=device), torch.ones(len(ids), dtype=torch.int64, device=device)
+        )
     return counts
 
 
 @dataclass
 class SamplerOutput:
-    ids: torch.Tensor                  # (B,) int64, the next token of each row
+    ids: torch.Tensor  # (B,) int64, the next token of each row
     probs: torch.Tensor | None = None  # (B, V) fp32: what each row drew from (one-hot for greedy rows)
 
 
@@ -81,8 +84,12 @@ class Sampler:
             V = logits.shape[-1]
             for b in penalised:
                 s = seqs[b]
-                logits[b] = apply_penalties(logits[b:b + 1], params[b], token_counts(s.prompt_ids, V, logits.device),
-                                            token_counts(s.output_ids, V, logits.device))[0]
+                logits[b] = apply_penalties(
+                    logits[b : b + 1],
+                    params[b],
+                    token_counts(s.prompt_ids, V, logits.device),
+                    token_counts(s.output_ids, V, logits.device),
+                )[0]
         ids = logits.argmax(dim=-1)  # (B,) greedy rows: the first index among ties, as torch.argmax
         sampled = [b for b, p in enumerate(params) if not p.greedy]
         probs = None

@@ -7,6 +7,7 @@ torch. Order, as in vLLM and HF: penalties → temperature → top-k → top-p �
 Inputs are checked on shape, dtype and device only: checking values (NaN, negative counts) would
 force a device sync every decode step.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,16 @@ from dataclasses import dataclass, replace
 import torch
 
 
-def _check_float(name: str, value, *, lo: float | None = None, hi: float | None = None,
-                 lo_open: bool = False, hi_open: bool = False, allowed: str) -> None:
+def _check_float(
+    name: str,
+    value,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    allowed: str,
+) -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if ok and lo is not None:
         ok = value > lo if lo_open else value >= lo
@@ -35,27 +44,32 @@ def _check_int(name: str, value, *, lo: int, allowed: str) -> None:
 class SamplingParams:
     """How to pick each next token, and when to stop; one per request. Validated on construction."""
 
-    temperature: float = 0.0          # 0 → greedy (argmax); > 0 divides logits before softmax
-    top_k: int = 0                    # keep the k most likely tokens; 0 = off
-    top_p: float = 1.0                # keep the smallest set with probability mass ≥ p; 1 = off
-    min_p: float = 0.0                # drop tokens with prob < min_p · max prob; 0 = off
-    repetition_penalty: float = 1.0   # HF/CTRL: seen tokens (prompt+output): logit>0 → /r, else ·r
-    presence_penalty: float = 0.0     # OpenAI/vLLM, output tokens: logit -= presence · [count > 0]
-    frequency_penalty: float = 0.0    # OpenAI/vLLM, output tokens: logit -= frequency · count
+    temperature: float = 0.0  # 0 → greedy (argmax); > 0 divides logits before softmax
+    top_k: int = 0  # keep the k most likely tokens; 0 = off
+    top_p: float = 1.0  # keep the smallest set with probability mass ≥ p; 1 = off
+    min_p: float = 0.0  # drop tokens with prob < min_p · max prob; 0 = off
+    repetition_penalty: float = 1.0  # HF/CTRL: seen tokens (prompt+output): logit>0 → /r, else ·r
+    presence_penalty: float = 0.0  # OpenAI/vLLM, output tokens: logit -= presence · [count > 0]
+    frequency_penalty: float = 0.0  # OpenAI/vLLM, output tokens: logit -= frequency · count
     max_new_tokens: int = 32
-    seed: int | None = None           # build ONE generator per request: make_generator(seed)
+    seed: int | None = None  # build ONE generator per request: make_generator(seed)
     ignore_eos: bool = False
-    num_beams: int = 1                # > 1 = beam search, deterministic only (temperature 0)
-    length_penalty: float = 1.0       # beam score = sum logprob / length ** length_penalty
-    stop: tuple[str, ...] = ()        # finish when the output text contains one of these strings
+    num_beams: int = 1  # > 1 = beam search, deterministic only (temperature 0)
+    length_penalty: float = 1.0  # beam score = sum logprob / length ** length_penalty
+    stop: tuple[str, ...] = ()  # finish when the output text contains one of these strings
 
     def __post_init__(self) -> None:
         _check_float("temperature", self.temperature, lo=0.0, allowed="a finite float ≥ 0 (0 = greedy)")
         _check_int("top_k", self.top_k, lo=0, allowed="an int ≥ 0 (0 = off)")
         _check_float("top_p", self.top_p, lo=0.0, hi=1.0, lo_open=True, allowed="a float in (0, 1] (1 = off)")
         _check_float("min_p", self.min_p, lo=0.0, hi=1.0, hi_open=True, allowed="a float in [0, 1) (0 = off)")
-        _check_float("repetition_penalty", self.repetition_penalty, lo=0.0, lo_open=True,
-                     allowed="a finite float > 0 (1 = off, > 1 discourages repeats)")
+        _check_float(
+            "repetition_penalty",
+            self.repetition_penalty,
+            lo=0.0,
+            lo_open=True,
+            allowed="a finite float > 0 (1 = off, > 1 discourages repeats)",
+        )
         for name in ("presence_penalty", "frequency_penalty"):
             _check_float(name, getattr(self, name), lo=-2.0, hi=2.0, allowed="a float in [-2, 2] (0 = off)")
         _check_int("max_new_tokens", self.max_new_tokens, lo=1, allowed="an int ≥ 1")
@@ -68,11 +82,14 @@ class SamplingParams:
         if isinstance(self.stop, list):
             object.__setattr__(self, "stop", tuple(self.stop))
         if not isinstance(self.stop, tuple) or not all(isinstance(x, str) and x for x in self.stop):
-            raise ValueError(f"SamplingParams.stop must be a tuple of non-empty strings, e.g. ('\\n\\n',), "
-                             f"got {self.stop!r}")
+            raise ValueError(
+                f"SamplingParams.stop must be a tuple of non-empty strings, e.g. ('\\n\\n',), got {self.stop!r}"
+            )
         if self.num_beams > 1 and self.temperature != 0:
-            raise ValueError(f"SamplingParams.num_beams={self.num_beams} needs temperature=0 (beam search is "
-                             f"deterministic here), got temperature={self.temperature!r}")
+            raise ValueError(
+                f"SamplingParams.num_beams={self.num_beams} needs temperature=0 (beam search is "
+                f"deterministic here), got temperature={self.temperature!r}"
+            )
 
     @property
     def greedy(self) -> bool:
@@ -135,25 +152,35 @@ def counts_from_ids(ids: torch.Tensor, vocab_size: int, pad_id: int | None = Non
     ids = ids.long()
     real = torch.ones_like(ids, dtype=torch.bool) if pad_id is None else ids != pad_id  # (B, T)
     if real.any() and (ids[real].min() < 0 or ids[real].max() >= vocab_size):
-        raise ValueError(f"ids must lie in [0, vocab_size={vocab_size}) (or equal pad_id={pad_id}), "
-                         f"got values in [{ids[real].min().item()}, {ids[real].max().item()}]")
+        raise ValueError(
+            f"ids must lie in [0, vocab_size={vocab_size}) (or equal pad_id={pad_id}), "
+            f"got values in [{ids[real].min().item()}, {ids[real].max().item()}]"
+        )
     counts = torch.zeros(ids.shape[0], vocab_size, dtype=torch.int64, device=ids.device)  # (B, V)
     return counts.scatter_add_(1, ids.clamp(0, vocab_size - 1), real.long())
 
 
-def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_counts: torch.Tensor | None = None,
-                    output_counts: torch.Tensor | None = None) -> torch.Tensor:
+def apply_penalties(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    prompt_counts: torch.Tensor | None = None,
+    output_counts: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Discourage repeats: repetition penalty on prompt+output tokens, then presence/frequency on output only."""
     _check_params(params)
     logits = _as_logits(logits)  # (B, V) fp32
     rep = params.repetition_penalty != 1.0
     pres_freq = params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
     if rep and prompt_counts is None and output_counts is None:
-        raise ValueError(f"repetition_penalty={params.repetition_penalty} needs prompt_counts and/or output_counts "
-                         "((B, V) ints, see counts_from_ids)")
+        raise ValueError(
+            f"repetition_penalty={params.repetition_penalty} needs prompt_counts and/or output_counts "
+            "((B, V) ints, see counts_from_ids)"
+        )
     if pres_freq and output_counts is None:
-        raise ValueError("presence_penalty/frequency_penalty need output_counts ((B, V) ints, zeros before the "
-                         "first generated token)")
+        raise ValueError(
+            "presence_penalty/frequency_penalty need output_counts ((B, V) ints, zeros before the "
+            "first generated token)"
+        )
     for name, counts in (("prompt_counts", prompt_counts), ("output_counts", output_counts)):
         if counts is not None:
             _check_counts(name, counts, logits)
@@ -173,8 +200,12 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_counts:
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Divide logits by T: T < 1 sharpens the distribution, T > 1 flattens it. T = 0 is greedy, not this."""
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) \
-            or not math.isfinite(temperature) or temperature <= 0:
+    if (
+        not isinstance(temperature, (int, float))
+        or isinstance(temperature, bool)
+        or not math.isfinite(temperature)
+        or temperature <= 0
+    ):
         raise ValueError(f"temperature must be a finite float > 0 (use argmax for 0), got {temperature!r}")
     return _as_logits(logits) / temperature
 
@@ -203,10 +234,10 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     # Drop the least likely tokens while their total mass stays ≤ 1 - p. Summing from the small end
     # is what HF does, and it is the accurate order for a float32 cumsum over a long tail.
     sorted_logits, _ = torch.sort(logits, dim=-1, stable=True)  # (B, V) ascending
-    tail_mass = sorted_logits.softmax(dim=-1).cumsum(dim=-1)     # (B, V) mass of this token and all below
-    n_drop = (tail_mass <= 1 - p).sum(dim=-1, keepdim=True)      # (B, 1) a prefix, since cumsum is monotone
-    n_drop = n_drop.clamp(max=logits.shape[-1] - 1)              # always keep the most likely token
-    threshold = sorted_logits.gather(-1, n_drop)                 # (B, 1) the least likely kept logit
+    tail_mass = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # (B, V) mass of this token and all below
+    n_drop = (tail_mass <= 1 - p).sum(dim=-1, keepdim=True)  # (B, 1) a prefix, since cumsum is monotone
+    n_drop = n_drop.clamp(max=logits.shape[-1] - 1)  # always keep the most likely token
+    threshold = sorted_logits.gather(-1, n_drop)  # (B, 1) the least likely kept logit
     return logits.masked_fill(logits < threshold, -math.inf)
 
 
@@ -217,13 +248,17 @@ def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     logits = _as_logits(logits)  # (B, V)
     if min_p == 0:
         return logits
-    probs = logits.softmax(dim=-1)                             # (B, V)
-    cut = min_p * probs.amax(dim=-1, keepdim=True)              # (B, 1); the top token is never below it
+    probs = logits.softmax(dim=-1)  # (B, V)
+    cut = min_p * probs.amax(dim=-1, keepdim=True)  # (B, 1); the top token is never below it
     return logits.masked_fill(probs < cut, -math.inf)
 
 
-def process_logits(logits: torch.Tensor, params: SamplingParams, prompt_counts: torch.Tensor | None = None,
-                   output_counts: torch.Tensor | None = None) -> torch.Tensor:
+def process_logits(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    prompt_counts: torch.Tensor | None = None,
+    output_counts: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Penalties → temperature → top-k → top-p → min-p. Greedy stops after penalties (filters keep the argmax)."""
     logits = apply_penalties(logits, params, prompt_counts, output_counts)  # (B, V) fp32
     if params.greedy:
@@ -244,15 +279,27 @@ def make_generator(seed: int, device: str | torch.device = "cpu") -> torch.Gener
     return gen
 
 
-def sample_next(logits: torch.Tensor, params: SamplingParams, *, generator: torch.Generator | None = None,
-                prompt_counts: torch.Tensor | None = None, output_counts: torch.Tensor | None = None) -> torch.Tensor:
+def sample_next(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    *,
+    generator: torch.Generator | None = None,
+    prompt_counts: torch.Tensor | None = None,
+    output_counts: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Next token per row, (B,) int64: argmax when greedy, else one draw from the processed softmax."""
     _check_params(params)
     if not params.greedy and generator is None and params.seed is not None:
-        raise ValueError(f"params.seed={params.seed} is set but no generator was passed: build one per request "
-                         "with make_generator(params.seed, device) and pass it to every step")
-    if not params.greedy and generator is not None and isinstance(logits, torch.Tensor) \
-            and generator.device.type != logits.device.type:
+        raise ValueError(
+            f"params.seed={params.seed} is set but no generator was passed: build one per request "
+            "with make_generator(params.seed, device) and pass it to every step"
+        )
+    if (
+        not params.greedy
+        and generator is not None
+        and isinstance(logits, torch.Tensor)
+        and generator.device.type != logits.device.type
+    ):
         raise ValueError(f"generator is on {generator.device} but logits are on {logits.device}")
     logits = process_logits(logits, params, prompt_counts, output_counts)  # (B, V) fp32
     if params.greedy:

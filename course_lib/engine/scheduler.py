@@ -12,6 +12,7 @@ prefill chunk and many decode tokens together. If a running sequence cannot get 
 running sequence is preempted (its KV is freed; it will be recomputed). Chapter 06 grows the policies.
 Introduced in 02_metrics.ipynb.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -27,11 +28,11 @@ class SchedulerConfig:
     """Budgets of one step and of the KV cache. ``None`` fields take the model's values in ``Engine``."""
 
     policy: str = "continuous"
-    max_num_seqs: int = 64               # sequences in one step (= rows of the contiguous cache)
-    max_num_batched_tokens: int = 2048   # new tokens in one step, prefill and decode together
-    max_model_len: int | None = None     # prompt + output tokens of one request; default: the model's context
-    chunked_prefill: bool = True         # split prompts larger than the token budget left in a step
-    max_kv_tokens: int | None = None     # KV budget in tokens over all sequences; default: max_num_seqs × max_model_len
+    max_num_seqs: int = 64  # sequences in one step (= rows of the contiguous cache)
+    max_num_batched_tokens: int = 2048  # new tokens in one step, prefill and decode together
+    max_model_len: int | None = None  # prompt + output tokens of one request; default: the model's context
+    chunked_prefill: bool = True  # split prompts larger than the token budget left in a step
+    max_kv_tokens: int | None = None  # KV budget in tokens over all sequences; default: max_num_seqs × max_model_len
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -42,9 +43,12 @@ class SchedulerConfig:
                 raise ValueError(f"SchedulerConfig.{name} must be a positive int, got {v!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len <= 1):
             raise ValueError(f"SchedulerConfig.max_model_len must be None or an int > 1, got {self.max_model_len!r}")
-        if self.max_kv_tokens is not None and (not isinstance(self.max_kv_tokens, int)
-                                               or isinstance(self.max_kv_tokens, bool) or self.max_kv_tokens <= 0):
-            raise ValueError(f"SchedulerConfig.max_kv_tokens must be None or a positive int, got {self.max_kv_tokens!r}")
+        if self.max_kv_tokens is not None and (
+            not isinstance(self.max_kv_tokens, int) or isinstance(self.max_kv_tokens, bool) or self.max_kv_tokens <= 0
+        ):
+            raise ValueError(
+                f"SchedulerConfig.max_kv_tokens must be None or a positive int, got {self.max_kv_tokens!r}"
+            )
         if not isinstance(self.chunked_prefill, bool):
             raise ValueError(f"SchedulerConfig.chunked_prefill must be a bool, got {self.chunked_prefill!r}")
 

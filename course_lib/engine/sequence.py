@@ -7,6 +7,7 @@ forward processes exactly ``num_tokens - num_cached_tokens`` of them: the whole 
 a chunk of it (chunked prefill), one token (decode), or everything again after a preemption.
 Introduced in 02_metrics.ipynb; chapters 04-06 read and change it.
 """
+
 from __future__ import annotations
 
 import enum
@@ -19,17 +20,23 @@ from course_lib.metrics import RequestTrace
 
 
 class SequenceStatus(enum.Enum):
-    WAITING = "waiting"        # queued, no KV storage
-    RUNNING = "running"        # admitted: has KV storage, is scheduled every step
-    PREEMPTED = "preempted"    # evicted for memory; KV freed, back in the queue to be recomputed
-    FINISHED = "finished"      # done (eos, length, stop string, or aborted); KV freed
+    WAITING = "waiting"  # queued, no KV storage
+    RUNNING = "running"  # admitted: has KV storage, is scheduled every step
+    PREEMPTED = "preempted"  # evicted for memory; KV freed, back in the queue to be recomputed
+    FINISHED = "finished"  # done (eos, length, stop string, or aborted); KV freed
 
 
 class Sequence:
     """One request. ``token_ids`` is prompt + output; ``params`` and ``generator`` are its own."""
 
-    def __init__(self, request_id: str | int, prompt_ids: list[int], params: SamplingParams, arrival: float,
-                 device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        request_id: str | int,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        arrival: float,
+        device: str | torch.device = "cpu",
+    ) -> None:
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_ids)
         self.num_prompt_tokens = len(prompt_ids)
@@ -56,7 +63,7 @@ class Sequence:
 
     @property
     def output_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_output_tokens(self) -> int:
@@ -74,9 +81,12 @@ class Sequence:
     @property
     def trace(self) -> RequestTrace:
         """Arrival and per-token times as a ``metrics.RequestTrace`` (TTFT, TPOT, latency)."""
-        return RequestTrace(self.request_id, self.arrival, self.num_prompt_tokens, list(self.token_times),
-                            finish=self.finish_time)
+        return RequestTrace(
+            self.request_id, self.arrival, self.num_prompt_tokens, list(self.token_times), finish=self.finish_time
+        )
 
     def __repr__(self) -> str:
-        return (f"Sequence({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
-                f"out={self.num_output_tokens}, cached={self.num_cached_tokens})")
+        return (
+            f"Sequence({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
+            f"out={self.num_output_tokens}, cached={self.num_cached_tokens})"
+        )

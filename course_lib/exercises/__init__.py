@@ -2,14 +2,18 @@
 
 Expected values are never typed in by hand: each chapter module (``ch00``, ``ch01``, ...) computes
 them from the spec table and the accounting formulas, so they cannot drift from the library.
-An unanswered exercise (``None``) prints a reminder and returns False; a wrong answer raises
+An unanswered exercise (``None``) prints a reminder and returns a falsy verdict; a wrong answer raises
 ``AssertionError`` with a ❌ message (a notebook must not print "wrong" and carry on); a right one
-prints ✅ and returns True. Introduced in 00_setup_and_hardware.ipynb.
+prints ✅ and returns a truthy verdict. The verdict (:class:`course_lib.claims.Verdict`) shows nothing
+as a cell's value, so an unanswered check leaves no stray ``False`` in the notebook. Introduced in 00_setup_and_hardware.ipynb.
 """
+
 from __future__ import annotations
 
 import math
 from numbers import Real
+
+from course_lib.claims import Verdict
 
 
 def _matches(answer, expected, rtol: float, atol: float) -> bool:
@@ -22,23 +26,25 @@ def _matches(answer, expected, rtol: float, atol: float) -> bool:
     return math.isfinite(float(answer)) and math.isclose(float(answer), float(expected), rel_tol=rtol, abs_tol=atol)
 
 
-def check(name: str, answer, expected, *, rtol: float = 0.02, atol: float = 0.0, hint: str = "",
-          unit: str = "") -> bool:
-    """✅ and True if ``answer`` matches ``expected`` (numbers within ``rtol``/``atol``, strings
-    case-insensitively); ⏳ and False if ``answer`` is None; otherwise raise AssertionError (❌)."""
+def check(
+    name: str, answer, expected, *, rtol: float = 0.02, atol: float = 0.0, hint: str = "", unit: str = ""
+) -> Verdict:
+    """✅ and a truthy verdict if ``answer`` matches ``expected`` (numbers within ``rtol``/``atol``, strings
+    case-insensitively); ⏳ and a falsy one if ``answer`` is None; otherwise raise AssertionError (❌)."""
     if rtol < 0 or atol < 0:
         raise ValueError(f"rtol and atol must be >= 0, got rtol={rtol}, atol={atol}")
     unit = f" {unit}" if unit else ""
     if answer is None:
         print(f"⏳ {name}: not answered yet — replace None with your answer and re-run this cell")
-        return False
+        return Verdict(False, name)
     if _matches(answer, expected, rtol, atol):
         shown = f"{expected:.4g}" if isinstance(expected, float) else repr(expected)
         print(f"✅ {name}: {shown}{unit} is right")
-        return True
+        return Verdict(True, name)
     tolerance = f" (within {rtol:.0%})" if isinstance(expected, Real) and not isinstance(expected, bool) else ""
-    raise AssertionError(f"❌ {name}: your answer {answer!r}{unit} is not the expected value{tolerance}. "
-                         f"{hint}".strip())
+    raise AssertionError(
+        f"❌ {name}: your answer {answer!r}{unit} is not the expected value{tolerance}. {hint}".strip()
+    )
 
 
 __all__ = ["check"]

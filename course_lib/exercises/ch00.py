@@ -1,6 +1,8 @@
 """Exercises of 00_setup_and_hardware.ipynb: ridge points and bandwidth arithmetic."""
+
 from __future__ import annotations
 
+from course_lib.claims import Verdict
 from course_lib.costs import triad_cost
 from course_lib.exercises import check
 from course_lib.hardware import gpu_spec
@@ -11,24 +13,40 @@ def ridge_expected(gpu: str = "H100 SXM", dtype: str = "bf16") -> float:
     return gpu_spec(gpu).ridge(dtype)
 
 
-def check_ridge(answer, gpu: str = "H100 SXM", dtype: str = "bf16") -> bool:
+def check_ridge(answer, gpu: str = "H100 SXM", dtype: str = "bf16") -> Verdict:
     """Exercise 1: the ridge point (FLOP/byte) of ``gpu`` in ``dtype`` from its datasheet."""
-    return check(f"ridge point of {gpu} ({dtype})", answer, ridge_expected(gpu, dtype), unit="FLOP/byte",
-                 hint="peak FLOP/s divided by bytes/s — mind the units: TFLOP/s = 1e12, TB/s = 1e12.")
+    return check(
+        f"ridge point of {gpu} ({dtype})",
+        answer,
+        ridge_expected(gpu, dtype),
+        unit="FLOP/byte",
+        hint="peak FLOP/s divided by bytes/s — mind the units: TFLOP/s = 1e12, TB/s = 1e12.",
+    )
 
 
-def check_triad_bytes(answer, n: int) -> bool:
+def check_triad_bytes(answer, n: int) -> Verdict:
     """Exercise 2: bytes a STREAM triad a = b + s·c over n fp32 elements moves (as STREAM counts)."""
-    return check(f"bytes moved by a triad over {n:,} fp32 elements", answer, triad_cost(n, "fp32").bytes,
-                 rtol=1e-9, unit="B", hint="two arrays are read and one is written; 4 bytes each.")
+    return check(
+        f"bytes moved by a triad over {n:,} fp32 elements",
+        answer,
+        triad_cost(n, "fp32").bytes,
+        rtol=1e-9,
+        unit="B",
+        hint="two arrays are read and one is written; 4 bytes each.",
+    )
 
 
 def weight_read_ms(model: str = "llama-2-7b", gpu: str = "H200 SXM", dtype: str = "bf16") -> float:
     return weight_bytes(ModelShape.from_name(model), dtype) / gpu_spec(gpu).bandwidth * 1e3
 
 
-def check_weight_read_ms(answer, model: str = "llama-2-7b", gpu: str = "H200 SXM", dtype: str = "bf16") -> bool:
+def check_weight_read_ms(answer, model: str = "llama-2-7b", gpu: str = "H200 SXM", dtype: str = "bf16") -> Verdict:
     """Exercise 3: the least time (ms) ``gpu`` needs to read all of ``model``'s weights once —
     the floor under one batch-1 decode step."""
-    return check(f"time to read {model} {dtype} weights once on {gpu}", answer, weight_read_ms(model, gpu, dtype),
-                 unit="ms", hint="weight bytes (accounting.weight_bytes) / datasheet bandwidth, in milliseconds.")
+    return check(
+        f"time to read {model} {dtype} weights once on {gpu}",
+        answer,
+        weight_read_ms(model, gpu, dtype),
+        unit="ms",
+        hint="weight bytes (accounting.weight_bytes) / datasheet bandwidth, in milliseconds.",
+    )

@@ -1,6 +1,8 @@
 """Exercises of 01_bottlenecks.ipynb: GEMV intensity, decode intensity, batch to the ridge, bound."""
+
 from __future__ import annotations
 
+from course_lib.claims import Verdict
 from course_lib.costs import gemv_cost
 from course_lib.exercises import check
 from course_lib.hardware import gpu_spec
@@ -8,33 +10,60 @@ from course_lib.models.accounting import ModelShape, decode_intensity
 from course_lib.roofline import batch_to_reach, llm_phases
 
 
-def check_gemv_intensity(answer, n: int = 4096, dtype: str = "fp16") -> bool:
+def check_gemv_intensity(answer, n: int = 4096, dtype: str = "fp16") -> Verdict:
     """Exercise 1: arithmetic intensity of an n×n matrix times a vector in ``dtype``."""
-    return check(f"intensity of a {n}x{n} {dtype} GEMV", answer, gemv_cost(n, n, dtype).intensity, unit="FLOP/byte",
-                 hint="2·n² FLOPs over (n² + 2n) elements × bytes per element.")
+    return check(
+        f"intensity of a {n}x{n} {dtype} GEMV",
+        answer,
+        gemv_cost(n, n, dtype).intensity,
+        unit="FLOP/byte",
+        hint="2·n² FLOPs over (n² + 2n) elements × bytes per element.",
+    )
 
 
-def check_decode_intensity(answer, model: str = "llama-2-7b", batch: int = 8, context_len: int = 512,
-                           dtype: str = "bf16") -> bool:
+def check_decode_intensity(
+    answer, model: str = "llama-2-7b", batch: int = 8, context_len: int = 512, dtype: str = "bf16"
+) -> Verdict:
     """Exercise 2: intensity of one decode step of ``model`` at ``batch``, with the KV cache."""
     expected = decode_intensity(ModelShape.from_name(model), context_len, batch, dtype)
-    return check(f"decode intensity of {model} at batch {batch}, context {context_len}", answer, expected,
-                 rtol=0.05, unit="FLOP/byte",
-                 hint="accounting.decode_flops / accounting.decode_step_bytes (weights once + every KV cache).")
+    return check(
+        f"decode intensity of {model} at batch {batch}, context {context_len}",
+        answer,
+        expected,
+        rtol=0.05,
+        unit="FLOP/byte",
+        hint="accounting.decode_flops / accounting.decode_step_bytes (weights once + every KV cache).",
+    )
 
 
-def check_batch_to_ridge(answer, model: str = "llama-2-7b", gpu: str = "H100 SXM", dtype: str = "bf16",
-                         context_len: int = 1) -> bool:
+def check_batch_to_ridge(
+    answer, model: str = "llama-2-7b", gpu: str = "H100 SXM", dtype: str = "bf16", context_len: int = 1
+) -> Verdict:
     """Exercise 3: the smallest decode batch that reaches ``gpu``'s ridge point."""
     expected = batch_to_reach(gpu_spec(gpu).ridge(dtype), model, context_len=context_len, dtype=dtype)
-    return check(f"smallest batch where {model} decode reaches the {gpu} ridge", answer, expected, rtol=0.0,
-                 hint="decode intensity ≈ batch × 2 FLOP / bytes per parameter: solve for batch, round up.")
+    return check(
+        f"smallest batch where {model} decode reaches the {gpu} ridge",
+        answer,
+        expected,
+        rtol=0.0,
+        hint="decode intensity ≈ batch × 2 FLOP / bytes per parameter: solve for batch, round up.",
+    )
 
 
-def check_bound(answer, phase: str = "prefill", model: str = "llama-2-7b", gpu: str = "A100 80GB SXM",
-                batch: int = 1, tokens: int = 512) -> bool:
+def check_bound(
+    answer,
+    phase: str = "prefill",
+    model: str = "llama-2-7b",
+    gpu: str = "A100 80GB SXM",
+    batch: int = 1,
+    tokens: int = 512,
+) -> Verdict:
     """Exercise 4: 'memory-bound' or 'compute-bound' for ``phase`` on ``gpu``."""
     report = llm_phases(gpu, model, batch=batch, prompt_len=tokens, context_len=tokens)
     expected = (report.prefill if phase == "prefill" else report.decode).bound
-    return check(f"{phase} of {model} (batch {batch}, {tokens} tokens) on {gpu}", answer, expected,
-                 hint="compare the phase's intensity with the GPU's ridge point.")
+    return check(
+        f"{phase} of {model} (batch {batch}, {tokens} tokens) on {gpu}",
+        answer,
+        expected,
+        hint="compare the phase's intensity with the GPU's ridge point.",
+    )

@@ -1,7 +1,9 @@
 """Exercises of 02_metrics.ipynb: TTFT/TPOT from a trace, MBU from a published speed, goodput, percentiles,
 and the roofline's version of Anyscale's "100 input tokens ≈ 1 output token"."""
+
 from __future__ import annotations
 
+from course_lib.claims import Verdict
 from course_lib.dtypes import dtype_bytes
 from course_lib.exercises import check
 from course_lib.hardware import gpu_spec
@@ -12,32 +14,43 @@ from course_lib.roofline import output_input_ratio
 
 def exercise_trace() -> RequestTrace:
     """Exercise 1's request: arrives at t = 10 s, six tokens stream out (times in seconds)."""
-    return RequestTrace("ex1", arrival=10.0, prompt_tokens=400,
-                        token_times=[10.45, 10.49, 10.55, 10.58, 10.64, 10.70])
+    return RequestTrace("ex1", arrival=10.0, prompt_tokens=400, token_times=[10.45, 10.49, 10.55, 10.58, 10.64, 10.70])
 
 
-def check_ttft_tpot(ttft_ms, tpot_ms) -> bool:
+def check_ttft_tpot(ttft_ms, tpot_ms) -> Verdict:
     """Exercise 1: TTFT and TPOT (both in ms) of ``exercise_trace()``."""
     trace = exercise_trace()
-    ok_ttft = check("TTFT of the trace", ttft_ms, trace.ttft * 1e3, unit="ms",
-                    hint="TTFT = first token time − arrival.")
-    ok_tpot = check("TPOT of the trace", tpot_ms, trace.tpot * 1e3, unit="ms",
-                    hint="TPOT = (last − first token time) / (tokens − 1): the first token is not a decode gap.")
+    ok_ttft = check(
+        "TTFT of the trace", ttft_ms, trace.ttft * 1e3, unit="ms", hint="TTFT = first token time − arrival."
+    )
+    ok_tpot = check(
+        "TPOT of the trace",
+        tpot_ms,
+        trace.tpot * 1e3,
+        unit="ms",
+        hint="TPOT = (last − first token time) / (tokens − 1): the first token is not a decode gap.",
+    )
     return ok_ttft and ok_tpot
 
 
-def mbu_expected(model: str = "llama-2-7b", gpu: str = "A100 80GB SXM", dtype: str = "int8",
-                 tokens_per_s: float = 170.8) -> float:
+def mbu_expected(
+    model: str = "llama-2-7b", gpu: str = "A100 80GB SXM", dtype: str = "int8", tokens_per_s: float = 170.8
+) -> float:
     """MBU of a batch-1 decode at ``tokens_per_s`` with every parameter stored in ``dtype`` (KV cache ignored)."""
     return mbu(param_count(ModelShape.from_name(model)), dtype_bytes(dtype), tokens_per_s, gpu_spec(gpu).bandwidth)
 
 
-def check_mbu(answer, model: str = "llama-2-7b", gpu: str = "A100 80GB SXM", dtype: str = "int8",
-              tokens_per_s: float = 170.8) -> bool:
+def check_mbu(
+    answer, model: str = "llama-2-7b", gpu: str = "A100 80GB SXM", dtype: str = "int8", tokens_per_s: float = 170.8
+) -> Verdict:
     """Exercise 2: MBU (a fraction, not %) of ``model`` decoding at ``tokens_per_s`` on ``gpu`` in ``dtype``."""
-    return check(f"MBU of {model} {dtype} at {tokens_per_s} tok/s on {gpu}", answer,
-                 mbu_expected(model, gpu, dtype, tokens_per_s), rtol=0.03,
-                 hint="params × bytes/param × tokens/s ÷ bandwidth (bytes/s); give a fraction such as 0.5.")
+    return check(
+        f"MBU of {model} {dtype} at {tokens_per_s} tok/s on {gpu}",
+        answer,
+        mbu_expected(model, gpu, dtype, tokens_per_s),
+        rtol=0.03,
+        hint="params × bytes/param × tokens/s ÷ bandwidth (bytes/s); give a fraction such as 0.5.",
+    )
 
 
 def exercise_traces() -> list[RequestTrace]:
@@ -47,7 +60,7 @@ def exercise_traces() -> list[RequestTrace]:
         (0.5, 1.40, 11, 0.05),  # slow first token
         (1.0, 1.25, 21, 0.15),  # slow stream
         (1.5, 1.80, 6, 0.08),
-        (2.0, 2.20, 1, 0.00),   # one token: only TTFT is judged
+        (2.0, 2.20, 1, 0.00),  # one token: only TTFT is judged
         (2.5, 2.90, 16, 0.09),
     ]
     return [RequestTrace(i, a, 100, [f + k * dt for k in range(n)]) for i, (a, f, n, dt) in enumerate(spec)]
@@ -56,21 +69,31 @@ def exercise_traces() -> list[RequestTrace]:
 EXERCISE_SLO = SLO(ttft_s=0.5, tpot_s=0.1)
 
 
-def check_goodput(answer) -> bool:
+def check_goodput(answer) -> Verdict:
     """Exercise 3: goodput in requests/s of ``exercise_traces()`` under ``EXERCISE_SLO`` (window: first
     arrival → last token, as ``summarize`` uses by default)."""
     expected = summarize(exercise_traces(), slo=EXERCISE_SLO).goodput_rps
-    return check("goodput of the six requests", answer, expected, unit="req/s",
-                 hint="count requests with TTFT ≤ 0.5 s and TPOT ≤ 0.1 s, divide by (last token time − first arrival).")
+    return check(
+        "goodput of the six requests",
+        answer,
+        expected,
+        unit="req/s",
+        hint="count requests with TTFT ≤ 0.5 s and TPOT ≤ 0.1 s, divide by (last token time − first arrival).",
+    )
 
 
 EXERCISE_LATENCIES_S = (0.8, 0.9, 1.0, 0.85, 1.1, 0.95, 1.2, 0.9, 1.0, 12.0)
 
 
-def check_p50_mean(p50, mean) -> bool:
+def check_p50_mean(p50, mean) -> Verdict:
     """Exercise 4: median and mean (s) of ``EXERCISE_LATENCIES_S``."""
-    ok_p50 = check("p50 latency", p50, percentiles(EXERCISE_LATENCIES_S, (50,))[50], unit="s",
-                   hint="sort the ten values and average the 5th and 6th (numpy's linear interpolation).")
+    ok_p50 = check(
+        "p50 latency",
+        p50,
+        percentiles(EXERCISE_LATENCIES_S, (50,))[50],
+        unit="s",
+        hint="sort the ten values and average the 5th and 6th (numpy's linear interpolation).",
+    )
     ok_mean = check("mean latency", mean, sum(EXERCISE_LATENCIES_S) / len(EXERCISE_LATENCIES_S), unit="s")
     return ok_p50 and ok_mean
 
@@ -80,9 +103,13 @@ def ratio_expected(model: str = "llama-2-7b", gpu: str = "H200 SXM", dtype: str 
     return output_input_ratio(ModelShape.from_name(model), spec.peak_flops(dtype), spec.bandwidth, dtype)
 
 
-def check_ratio(answer, model: str = "llama-2-7b", gpu: str = "H200 SXM", dtype: str = "bf16") -> bool:
+def check_ratio(answer, model: str = "llama-2-7b", gpu: str = "H200 SXM", dtype: str = "bf16") -> Verdict:
     """Exercise 5: by the datasheet roofline, one batch-1 decode step of ``model`` costs as much time
     as how many compute-bound prefill tokens on ``gpu``?"""
-    return check(f"input tokens per output token, {model} {dtype} on {gpu}", answer,
-                 ratio_expected(model, gpu, dtype), rtol=0.05,
-                 hint="decode step: params × bytes ÷ bandwidth. One prefill token: 2 × params ÷ peak FLOP/s.")
+    return check(
+        f"input tokens per output token, {model} {dtype} on {gpu}",
+        answer,
+        ratio_expected(model, gpu, dtype),
+        rtol=0.05,
+        hint="decode step: params × bytes ÷ bandwidth. One prefill token: 2 × params ÷ peak FLOP/s.",
+    )

@@ -3,6 +3,7 @@
 Importing ``course_lib`` first turns on the Triton interpreter when there is no CUDA GPU, so these
 modules run (slowly, for correctness only) on a CPU.
 """
+
 import course_lib  # noqa: F401  (sets TRITON_INTERPRET before any @triton.jit below)
 
 try:

@@ -8,13 +8,14 @@ timed on a CPU: chunks small enough to stay in cache, so DRAM traffic is one rea
 like the fused kernel), sweep helper. Tests: tests/test_intensity_kernel.py.
 Introduced in 01_bottlenecks.ipynb.
 """
+
 from __future__ import annotations
 
 import torch
 
-from course_lib.kernels import HAS_TRITON, interpreter_on  # imports course_lib first (TRITON_INTERPRET)
 from course_lib.costs import check_positive_int, fma_chain_cost
 from course_lib.dtypes import canonical
+from course_lib.kernels import HAS_TRITON, interpreter_on  # imports course_lib first (TRITON_INTERPRET)
 
 if HAS_TRITON:
     import triton
@@ -88,8 +89,10 @@ def resolve_path(path: str, device: torch.device) -> str:
         if not HAS_TRITON:
             raise RuntimeError("path='triton' but Triton is not installed; use path='torch'")
         if device.type != "cuda" and not interpreter_on():
-            raise RuntimeError("path='triton' on a CPU tensor needs TRITON_INTERPRET=1 set before Triton is "
-                               "imported (import course_lib first)")
+            raise RuntimeError(
+                "path='triton' on a CPU tensor needs TRITON_INTERPRET=1 set before Triton is "
+                "imported (import course_lib first)"
+            )
     return path
 
 
@@ -102,8 +105,16 @@ def _check_out(out, x) -> None:
         raise ValueError(f"out must be contiguous (strides {out.stride()})")
 
 
-def intensity(x: torch.Tensor, k: int, *, a: float = 0.9, b: float = 0.1, block: int = 1024,
-              path: str = "auto", out: torch.Tensor | None = None) -> torch.Tensor:
+def intensity(
+    x: torch.Tensor,
+    k: int,
+    *,
+    a: float = 0.9,
+    b: float = 0.1,
+    block: int = 1024,
+    path: str = "auto",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``y = x; repeat k: y = y·a + b`` elementwise. ``path``: 'auto', 'triton' (GPU, or the
     interpreter on CPU) or 'torch' (the cache-blocked fallback). ``out``: a preallocated result
     (timing loops pass one, so that page faults of a fresh CPU allocation are not timed).
@@ -122,8 +133,9 @@ def intensity(x: torch.Tensor, k: int, *, a: float = 0.9, b: float = 0.1, block:
 
 
 # ----------------------------------------------------------------------------- 4. torch fallback
-def intensity_torch(x: torch.Tensor, k: int, *, a: float = 0.9, b: float = 0.1, chunk: int = 1 << 16,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+def intensity_torch(
+    x: torch.Tensor, k: int, *, a: float = 0.9, b: float = 0.1, chunk: int = 1 << 16, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Same math as the kernel with torch ops, processed in chunks that stay in the CPU's cache:
     memory traffic is one read of x and one write of y, as in the fused kernel."""
     _check_input(x, k)
@@ -134,16 +146,24 @@ def intensity_torch(x: torch.Tensor, k: int, *, a: float = 0.9, b: float = 0.1, 
     buf = torch.empty(min(chunk, flat.numel()), dtype=torch.float32, device=x.device)  # (chunk,) cache-resident
     for start in range(0, flat.numel(), chunk):
         piece = buf[: min(chunk, flat.numel() - start)]
-        piece.copy_(flat[start:start + piece.numel()])  # the one read from memory
+        piece.copy_(flat[start : start + piece.numel()])  # the one read from memory
         for _ in range(k):
             piece.mul_(a).add_(b)
-        y[start:start + piece.numel()].copy_(piece)  # the one write to memory
+        y[start : start + piece.numel()].copy_(piece)  # the one write to memory
     return y.view_as(x)
 
 
 # ----------------------------------------------------------------------------- sweep
-def intensity_sweep(ks, *, n: int, dtype: str = "fp32", device=None, path: str = "auto", repeats: int | None = None,
-                    warmup: int | None = None):
+def intensity_sweep(
+    ks,
+    *,
+    n: int,
+    dtype: str = "fp32",
+    device=None,
+    path: str = "auto",
+    repeats: int | None = None,
+    warmup: int | None = None,
+):
     """Time the kernel for each k in ``ks`` on n elements; returns ``[(k, bench.Timing)]`` with the
     counted FLOPs and bytes, ready for ``roofline.Point.from_timing``."""
     from course_lib.bench import benchmark
@@ -165,7 +185,15 @@ def intensity_sweep(ks, *, n: int, dtype: str = "fp32", device=None, path: str =
     results = []
     for k in ks:
         cost = fma_chain_cost(n, k, name)
-        timing = benchmark(lambda k=k: intensity(x, k, path=chosen, out=y), flops=cost.flops, bytes=cost.bytes,
-                           device=dev.type, label=f"fma-chain k={k} ({chosen})", dtype="fp32", repeats=repeats, warmup=warmup)
+        timing = benchmark(
+            lambda k=k: intensity(x, k, path=chosen, out=y),
+            flops=cost.flops,
+            bytes=cost.bytes,
+            device=dev.type,
+            label=f"fma-chain k={k} ({chosen})",
+            dtype="fp32",
+            repeats=repeats,
+            warmup=warmup,
+        )
         results.append((k, timing))
     return results

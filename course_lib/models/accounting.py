@@ -5,6 +5,7 @@ weight once per step (bandwidth-bound), prefill does ~2·params FLOPs per token 
 Works for any Llama-family ``transformers`` config and for named presets without weights.
 Introduced in 01_bottlenecks.ipynb.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -134,8 +135,9 @@ def decode_flops(shape: ModelShape, context_len: int, batch: int = 1) -> float:
     return batch * (2.0 * matmul_params(shape) + attention_flops(shape, 1, context_len))
 
 
-def decode_step_bytes(shape: ModelShape, context_len: int, batch: int = 1, dtype: str = "bf16",
-                      kv_dtype: str | None = None) -> float:
+def decode_step_bytes(
+    shape: ModelShape, context_len: int, batch: int = 1, dtype: str = "bf16", kv_dtype: str | None = None
+) -> float:
     """Minimum bytes one decode step moves: every weight once + each sequence's KV cache."""
     check_positive_int("context_len", context_len)
     check_positive_int("batch", batch)

@@ -4,6 +4,7 @@ Real ``transformers`` Llama configs (RoPE, RMSNorm, SwiGLU, grouped-query attent
 technique measured on them transfers to hub models of the same family. Add a variant (a distilled
 draft, a model with Medusa heads) by adding a spec here: the loader needs no change.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,14 +56,29 @@ class TinySpec:
 
 
 SPECS: dict[str, TinySpec] = {
-    "tiny-target": TinySpec("tiny-target", 256, 6, 8, 2, 640,
-                            description="target model: 6 layers, GQA 8 query heads / 2 KV heads"),
-    "tiny-draft": TinySpec("tiny-draft", 96, 2, 3, 1, 256,
-                           description="draft model for speculative decoding: ~8x fewer parameters, same tokenizer"),
+    "tiny-target": TinySpec(
+        "tiny-target", 256, 6, 8, 2, 640, description="target model: 6 layers, GQA 8 query heads / 2 KV heads"
+    ),
+    "tiny-draft": TinySpec(
+        "tiny-draft",
+        96,
+        2,
+        3,
+        1,
+        256,
+        description="draft model for speculative decoding: ~8x fewer parameters, same tokenizer",
+    ),
     # random weights only: speed does not depend on weight values (benchmarks/engine_vs_hf.py)
-    "bench-80m": TinySpec("bench-80m", 768, 12, 12, 4, 2048,
-                          description="~79M parameters (314 MB fp32, ten times a 32 MB L3): decode speed on "
-                                      "a model that does not fit in cache; random weights, never trained"),
+    "bench-80m": TinySpec(
+        "bench-80m",
+        768,
+        12,
+        12,
+        4,
+        2048,
+        description="~79M parameters (314 MB fp32, ten times a 32 MB L3): decode speed on "
+        "a model that does not fit in cache; random weights, never trained",
+    ),
     # smoke: used by the tests to train a few steps in seconds
     "smoke": TinySpec("smoke", 32, 1, 2, 1, 64, max_position=128, description="a few-second smoke-test model"),
 }

@@ -5,6 +5,7 @@
 
 Everything is checked before any weight is read, and nothing half-loaded is returned.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -58,8 +59,10 @@ def resolve(name_or_path: str | Path) -> tuple[str, Path | None]:
         return "local", check_checkpoint(path)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
         return "hub", None
-    raise ValueError(f"unknown model {text!r}: not an embedded name {list(EMBEDDED)}, an existing folder, "
-                     "or a hub id of the form 'owner/name'")
+    raise ValueError(
+        f"unknown model {text!r}: not an embedded name {list(EMBEDDED)}, an existing folder, "
+        "or a hub id of the form 'owner/name'"
+    )
 
 
 def hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
@@ -90,23 +93,26 @@ def load_model(name_or_path: str | Path = "tiny-target", device: str | torch.dev
         from huggingface_hub import try_to_load_from_cache
 
         if try_to_load_from_cache(source, "config.json") is None:  # not cached either: fail now, clearly
-            raise OSError(f"cannot load hub model {source!r}: the Hugging Face hub is not reachable from this "
-                          f"machine and the model is not in the local cache. Offline, use an embedded model: "
-                          f"{list(EMBEDDED)}")
+            raise OSError(
+                f"cannot load hub model {source!r}: the Hugging Face hub is not reachable from this "
+                f"machine and the model is not in the local cache. Offline, use an embedded model: "
+                f"{list(EMBEDDED)}"
+            )
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=tdt)
     except OSError as exc:
         if kind == "hub":
-            raise OSError(f"could not load hub model {source!r} (no network or no such repo): {exc}. "
-                          f"Offline, use an embedded model: {list(EMBEDDED)}") from exc
+            raise OSError(
+                f"could not load hub model {source!r} (no network or no such repo): {exc}. "
+                f"Offline, use an embedded model: {list(EMBEDDED)}"
+            ) from exc
         raise
     model.to(dev).eval()
     return model, tokenizer
 
 
-def random_model(spec_name: str = "bench-80m", device: str | torch.device = "cpu", dtype: str = "fp32",
-                 seed: int = 0):
+def random_model(spec_name: str = "bench-80m", device: str | torch.device = "cpu", dtype: str = "fp32", seed: int = 0):
     """(model, tokenizer): a ``family.SPECS`` shape with random weights and the course tokenizer, for speed
     measurements only (its text is noise). Nothing is downloaded or read but the tokenizer."""
     from transformers import LlamaForCausalLM

@@ -4,6 +4,7 @@ Byte-level means any string round-trips (no unknown token); BPE merges frequent 
 common code fragments ("self.", "    def", "return") become single tokens. Saved as a
 ``transformers`` fast tokenizer so ``AutoTokenizer.from_pretrained(path)`` loads it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -32,6 +33,10 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, min_frequency:
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=EOS, eos_token=EOS, pad_token=PAD, model_max_length=1024,
+        tokenizer_object=tok,
+        bos_token=EOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        model_max_length=1024,
         clean_up_tokenization_spaces=False,
     )

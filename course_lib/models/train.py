@@ -9,6 +9,7 @@ tokens), AdamW with warm-up + cosine decay, seeded so a rerun on the same interp
 same weights. The model is a ``transformers`` LlamaForCausalLM; we save it with
 ``save_pretrained`` (safetensors) next to the tokenizer, so ``from_pretrained(path)`` works.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,7 +75,7 @@ def token_ids(tokenizer, split: str) -> np.ndarray:
 
 def get_batch(data: np.ndarray, batch: int, seq_len: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     starts = torch.randint(0, len(data) - seq_len - 1, (batch,), generator=gen).tolist()
-    window = np.stack([data[s: s + seq_len + 1].astype(np.int64) for s in starts])
+    window = np.stack([data[s : s + seq_len + 1].astype(np.int64) for s in starts])
     x = torch.from_numpy(window)  # (B, T+1)
     return x[:, :-1], x[:, 1:]
 
@@ -86,9 +87,22 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(model_name: str, out: Path, tokenizer_dir: Path, steps: int, batch: int, seq_len: int, lr: float,
-          seed: int, eval_every: int, threads: int | None = None, command: str = "",
-          eval_tokens: int = 1_000_000, init_from: Path | None = None, start_step: int = 0) -> dict:
+def train(
+    model_name: str,
+    out: Path,
+    tokenizer_dir: Path,
+    steps: int,
+    batch: int,
+    seq_len: int,
+    lr: float,
+    seed: int,
+    eval_every: int,
+    threads: int | None = None,
+    command: str = "",
+    eval_tokens: int = 1_000_000,
+    init_from: Path | None = None,
+    start_step: int = 0,
+) -> dict:
     from tqdm.auto import tqdm
     from transformers import LlamaForCausalLM
 
@@ -117,8 +131,12 @@ def train(model_name: str, out: Path, tokenizer_dir: Path, steps: int, batch: in
     train_ids, val_ids = token_ids(tokenizer, "train"), token_ids(tokenizer, "val")
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     gen = torch.Generator().manual_seed(seed + start_step)  # a resumed run draws fresh windows
     warmup = max(1, min(100, steps // 10))
     log: list[dict] = list(previous.get("log", []))
@@ -128,18 +146,32 @@ def train(model_name: str, out: Path, tokenizer_dir: Path, steps: int, batch: in
     out.mkdir(parents=True, exist_ok=True)
 
     def save(step: int, final: bool) -> dict:
-        metrics = evaluate(model, val_ids, seq_len=seq_len, max_tokens=eval_tokens if final else min(eval_tokens, 32_768))
+        metrics = evaluate(
+            model, val_ids, seq_len=seq_len, max_tokens=eval_tokens if final else min(eval_tokens, 32_768)
+        )
         model.train()
         record = {"step": step, "wall_s": round(time.perf_counter() - start, 1), "val": metrics}
         log.append(record)
         model.save_pretrained(str(out))
         tokenizer.save_pretrained(str(out))
         info = {
-            "model": model_name, "command": " && ".join(commands), "commands": commands, "steps": steps, "batch": batch, "seq_len": seq_len,
-            "lr": lr, "seed": seed, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": sys.version.split()[0], "train_tokens": int(len(train_ids)), "val_tokens": int(len(val_ids)),
-            "tokens_seen": step * batch * seq_len, "params": sum(p.numel() for p in model.parameters()),
-            "finished": final, "log": log,
+            "model": model_name,
+            "command": " && ".join(commands),
+            "commands": commands,
+            "steps": steps,
+            "batch": batch,
+            "seq_len": seq_len,
+            "lr": lr,
+            "seed": seed,
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "python": sys.version.split()[0],
+            "train_tokens": int(len(train_ids)),
+            "val_tokens": int(len(val_ids)),
+            "tokens_seen": step * batch * seq_len,
+            "params": sum(p.numel() for p in model.parameters()),
+            "finished": final,
+            "log": log,
         }
         (out / "train_log.json").write_text(json.dumps(info, indent=1))
         return metrics
@@ -162,7 +194,9 @@ def train(model_name: str, out: Path, tokenizer_dir: Path, steps: int, batch: in
         bar.set_postfix(loss=f"{ema:.3f}")
         if (step + 1) % eval_every == 0 and step + 1 < steps and step + 1 > start_step:
             metrics = save(step + 1, final=False)
-            bar.write(f"step {step + 1}: train~{ema:.3f} val loss {metrics['loss']:.3f} ppl {metrics['perplexity']:.2f}")
+            bar.write(
+                f"step {step + 1}: train~{ema:.3f} val loss {metrics['loss']:.3f} ppl {metrics['perplexity']:.2f}"
+            )
     final = save(steps, final=True)
     final["train_loss_ema"] = ema
     final["wall_s"] = time.perf_counter() - start
@@ -170,8 +204,11 @@ def train(model_name: str, out: Path, tokenizer_dir: Path, steps: int, batch: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.models.train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.models.train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_tok = sub.add_parser("tokenizer", help="train the byte-level BPE tokenizer on the corpus")
     p_tok.add_argument("--out", type=Path, required=True)
@@ -179,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     p_train = sub.add_parser("train", help="train one model of the family")
     p_train.add_argument("--model", default="tiny-target", choices=sorted(SPECS))
     p_train.add_argument("--out", type=Path, required=True)
-    p_train.add_argument("--tokenizer", type=Path, default=None, help="folder with tokenizer.json (default: data/models/tokenizer)")
+    p_train.add_argument(
+        "--tokenizer", type=Path, default=None, help="folder with tokenizer.json (default: data/models/tokenizer)"
+    )
     p_train.add_argument("--steps", type=int, default=1500)
     p_train.add_argument("--batch", type=int, default=16)
     p_train.add_argument("--seq-len", type=int, default=256)
@@ -187,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     p_train.add_argument("--seed", type=int, default=0)
     p_train.add_argument("--eval-every", type=int, default=250)
     p_train.add_argument("--threads", type=int, default=None)
-    p_train.add_argument("--eval-tokens", type=int, default=1_000_000, help="validation tokens for the final evaluation")
+    p_train.add_argument(
+        "--eval-tokens", type=int, default=1_000_000, help="validation tokens for the final evaluation"
+    )
     p_train.add_argument("--init-from", type=Path, default=None, help="checkpoint folder to continue from")
     p_train.add_argument("--start-step", type=int, default=0, help="with --init-from: the step it stopped at")
     p_train.add_argument("--smoke", action="store_true", help="tiny model, 5 steps: checks the pipeline in seconds")
@@ -203,9 +244,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.model, args.steps, args.batch, args.seq_len, args.eval_every = "smoke", 5, 2, 32, 5
         args.eval_tokens = 2048
-    result = train(args.model, args.out, tok_dir, args.steps, args.batch, args.seq_len, args.lr, args.seed,
-                   args.eval_every, args.threads, command, args.eval_tokens,
-                   args.init_from, args.start_step)
+    result = train(
+        args.model,
+        args.out,
+        tok_dir,
+        args.steps,
+        args.batch,
+        args.seq_len,
+        args.lr,
+        args.seed,
+        args.eval_every,
+        args.threads,
+        command,
+        args.eval_tokens,
+        args.init_from,
+        args.start_step,
+    )
     print(json.dumps(result, indent=1))
     return 0
 

@@ -6,6 +6,7 @@ batch sizes, the workloads of ``course_lib.serving.workload``, online vs batch s
 latency ≈ a + b·input + c·output to what it measured. What it *should* cost is
 ``course_lib.roofline.prefill_time`` / ``decode_time``. Introduced in 02_metrics.ipynb.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -31,8 +32,9 @@ def _positive_ints(name: str, values) -> tuple[int, ...]:
 
 
 # ----------------------------------------------------------------------------- serving
-def serve(engine, requests: Sequence[Request], *, batch_size: int = 1,
-          common_arrival: bool = False) -> list[RequestTrace]:
+def serve(
+    engine, requests: Sequence[Request], *, batch_size: int = 1, common_arrival: bool = False
+) -> list[RequestTrace]:
     """Serve ``requests`` in arrival order as consecutive static batches of ``batch_size``; one
     ``RequestTrace`` per request. Every row of a batch generates the batch's longest output (a finished
     row keeps its slot: the waste continuous batching removes in chapter 06); each trace is cut at its
@@ -46,13 +48,22 @@ def serve(engine, requests: Sequence[Request], *, batch_size: int = 1,
     start = time.perf_counter()
     traces: list[RequestTrace] = []
     for first in range(0, len(requests), batch_size):
-        chunk = requests[first:first + batch_size]
+        chunk = requests[first : first + batch_size]
         n = max(r.max_new_tokens for r in chunk)
-        results = engine.generate([list(r.prompt_ids) for r in chunk], SamplingParams(max_new_tokens=n, ignore_eos=True))
+        results = engine.generate(
+            [list(r.prompt_ids) for r in chunk], SamplingParams(max_new_tokens=n, ignore_eos=True)
+        )
         for i, (r, res) in enumerate(zip(chunk, results)):
-            times = res.trace.token_times[:r.max_new_tokens]
-            traces.append(RequestTrace(first + i, start if common_arrival else res.trace.arrival,
-                                       res.trace.prompt_tokens, times, finish=times[-1]))
+            times = res.trace.token_times[: r.max_new_tokens]
+            traces.append(
+                RequestTrace(
+                    first + i,
+                    start if common_arrival else res.trace.arrival,
+                    res.trace.prompt_tokens,
+                    times,
+                    finish=times[-1],
+                )
+            )
     return traces
 
 
@@ -73,8 +84,9 @@ class TTFTPoint:
     samples_s: tuple[float, ...]
 
 
-def ttft_sweep(engine, pool: Sequence[int], lengths: Sequence[int], repeats: int = 3,
-               warmup: int = 1) -> list[TTFTPoint]:
+def ttft_sweep(
+    engine, pool: Sequence[int], lengths: Sequence[int], repeats: int = 3, warmup: int = 1
+) -> list[TTFTPoint]:
     """TTFT of a single request (batch 1, one output token) for each prompt length: the prefill."""
     lengths = _positive_ints("lengths", lengths)
     check_positive_int("repeats", repeats)
@@ -106,8 +118,15 @@ class BatchRun:
         return self.batch / self.tpot_s
 
 
-def tpot_sweep(engine, pool: Sequence[int], batches: Sequence[int], prompt_len: int = 64, new_tokens: int = 32,
-               repeats: int = 3, warmup: int = 1) -> list[BatchRun]:
+def tpot_sweep(
+    engine,
+    pool: Sequence[int],
+    batches: Sequence[int],
+    prompt_len: int = 64,
+    new_tokens: int = 32,
+    repeats: int = 3,
+    warmup: int = 1,
+) -> list[BatchRun]:
     """For each batch size, generate ``new_tokens`` for ``batch`` requests of ``prompt_len`` tokens
     (different slices of the pool) as one static batch; TPOT and TTFT from the per-token times."""
     batches = _positive_ints("batches", batches)
@@ -124,13 +143,15 @@ def tpot_sweep(engine, pool: Sequence[int], batches: Sequence[int], prompt_len: 
         tpots = [statistics.fmean(t.tpot for t in run) for run in runs]
         ttfts = [statistics.fmean(t.ttft for t in run) for run in runs]
         median_run = runs[sorted(range(len(runs)), key=tpots.__getitem__)[len(runs) // 2]]
-        out.append(BatchRun(b, prompt_len, new_tokens, statistics.median(tpots), statistics.median(ttfts),
-                            tuple(median_run)))
+        out.append(
+            BatchRun(b, prompt_len, new_tokens, statistics.median(tpots), statistics.median(ttfts), tuple(median_run))
+        )
     return out
 
 
-def latency_grid(engine, pool: Sequence[int], input_lens: Sequence[int], output_lens: Sequence[int],
-                 repeats: int = 3) -> list[tuple[int, int, float]]:
+def latency_grid(
+    engine, pool: Sequence[int], input_lens: Sequence[int], output_lens: Sequence[int], repeats: int = 3
+) -> list[tuple[int, int, float]]:
     """(input tokens, output tokens, median end-to-end latency s) for every pair of the grid, batch 1."""
     input_lens = _positive_ints("input_lens", input_lens)
     output_lens = _positive_ints("output_lens", output_lens)
@@ -178,6 +199,13 @@ def fit_latency(points: Sequence[tuple[int, int, float]]) -> LatencyFit:
 
 
 __all__ = [
-    "BatchRun", "LatencyFit", "TTFTPoint", "fit_latency", "latency_grid", "serve", "tpot_sweep", "ttft_sweep",
+    "BatchRun",
+    "LatencyFit",
+    "TTFTPoint",
+    "fit_latency",
+    "latency_grid",
+    "serve",
+    "tpot_sweep",
+    "ttft_sweep",
     "with_common_arrival",
 ]

@@ -4,6 +4,7 @@ What to send the engine — prompts of exact lengths (``prompt_pool``, ``prompt_
 workload whose output lengths have a long right tail, as in real chat traffic (``make_workload``).
 ``course_lib.serving.client`` sends them and times every token. Introduced in 02_metrics.ipynb.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ def prompt_pool(tokenizer, n_tokens: int = 2048, text: str | None = None, chunk_
         text = corpus_text("val")
     ids: list[int] = []
     for start in range(0, len(text), chunk_chars):
-        ids += tokenizer(text[start:start + chunk_chars])["input_ids"]
+        ids += tokenizer(text[start : start + chunk_chars])["input_ids"]
         if len(ids) >= n_tokens:
             return ids[:n_tokens]
     raise ValueError(f"the text yields only {len(ids)} tokens, fewer than n_tokens={n_tokens}")
@@ -51,12 +52,19 @@ def prompt_of_length(pool: Sequence[int], n: int, offset: int = 0) -> list[int]:
     if n > len(pool):
         raise ValueError(f"a {n}-token prompt needs a pool of at least {n} tokens, got {len(pool)}")
     start = offset % len(pool)
-    return [int(t) for t in (list(pool[start:start + n]) + list(pool[:max(0, start + n - len(pool))]))]
+    return [int(t) for t in (list(pool[start : start + n]) + list(pool[: max(0, start + n - len(pool))]))]
 
 
-def make_workload(pool: Sequence[int], n_requests: int, *, prompt_lens: tuple[int, int] = (16, 256),
-                  output_median: int = 24, output_sigma: float = 0.8, output_max: int = 256,
-                  seed: int = 0) -> list[Request]:
+def make_workload(
+    pool: Sequence[int],
+    n_requests: int,
+    *,
+    prompt_lens: tuple[int, int] = (16, 256),
+    output_median: int = 24,
+    output_sigma: float = 0.8,
+    output_max: int = 256,
+    seed: int = 0,
+) -> list[Request]:
     """A seeded mix of requests: prompt lengths uniform in ``prompt_lens``, output lengths log-normal
     around ``output_median`` (clipped to [2, ``output_max``]) — most answers short, a few very long,
     as in real chat traffic. The long tail is what makes the mean latency misleading."""

@@ -9,6 +9,7 @@ over a flat batch of new tokens whose sequences have different lengths. The mode
 - ``NoCacheBackend``: stores nothing; every step recomputes the whole sequence (chapter 05's baseline).
 - chapter 05 adds a paged backend (block tables) and Triton flash/paged kernels behind the same methods.
 """
+
 from course_lib.engine.attention.base import AttentionBackend, AttentionMetadata, attention_ref
 from course_lib.engine.attention.contiguous import ContiguousBackend
 from course_lib.engine.attention.nocache import NoCacheBackend

@@ -1,4 +1,5 @@
 """What every attention backend implements, and the helpers they share (padding a ragged step, SDPA)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,13 +17,13 @@ class AttentionMetadata:
     positions ``start_lens[i] ... context_lens[i] - 1`` and attend to keys ``0 ... their own position``.
     """
 
-    query_lens: list[int]      # new tokens per sequence this step (prompt, chunk, 1 for decode, γ+1 to verify)
-    context_lens: list[int]    # tokens each sequence holds after this step: cached + new
-    handles: list[Any]         # each sequence's KV storage handle (backend-specific)
-    positions: torch.Tensor    # (N,) absolute position of every new token
-    kind: str = "general"      # "single" (one sequence), "decode" (one token each), "mixed" or "general" (padded)
-    mask: torch.Tensor | None = None    # bool, broadcastable to (B, 1, T_max, L_max); None = no mask needed
-    is_causal: bool = False    # "single" with no cached prefix: SDPA's built-in causal mask
+    query_lens: list[int]  # new tokens per sequence this step (prompt, chunk, 1 for decode, γ+1 to verify)
+    context_lens: list[int]  # tokens each sequence holds after this step: cached + new
+    handles: list[Any]  # each sequence's KV storage handle (backend-specific)
+    positions: torch.Tensor  # (N,) absolute position of every new token
+    kind: str = "general"  # "single" (one sequence), "decode" (one token each), "mixed" or "general" (padded)
+    mask: torch.Tensor | None = None  # bool, broadcastable to (B, 1, T_max, L_max); None = no mask needed
+    is_causal: bool = False  # "single" with no cached prefix: SDPA's built-in causal mask
     extra: dict = field(default_factory=dict)  # backend-specific: where new K/V go, gather indices, ...
 
     @property
@@ -92,8 +93,9 @@ class AttentionBackend:
         """Metadata for a step in which sequence i processes ``query_lens[i]`` new tokens (after ``append``)."""
         raise NotImplementedError
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         """Store this step's k, v (N, kv_heads, hd) for ``layer``; return attention of q (N, heads, hd) → (N, heads, hd)."""
         raise NotImplementedError
 
@@ -107,8 +109,14 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v  # (B, H, T, d)
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool = False,
-         use_sdpa: bool = True) -> torch.Tensor:
+def sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool = False,
+    use_sdpa: bool = True,
+) -> torch.Tensor:
     """Attention of q (B,H,T,d) over k/v (B,Hkv,L,d); with GQA each KV head serves H/Hkv query heads.
     ``use_sdpa=False`` runs the spelled-out ``attention_ref`` (same maths, for tests and teaching)."""
     group = q.shape[1] // k.shape[1]
@@ -130,8 +138,9 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
 
 def ragged_index(query_lens: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
     """(token_seq, token_offset), each (N,): which sequence each flat token belongs to and its index there."""
-    seq = torch.repeat_interleave(torch.arange(len(query_lens), device=device),
-                                  torch.tensor(query_lens, device=device))  # (N,)
+    seq = torch.repeat_interleave(
+        torch.arange(len(query_lens), device=device), torch.tensor(query_lens, device=device)
+    )  # (N,)
     starts = torch.tensor([0] + query_lens[:-1], device=device).cumsum(0)  # (B,)
     offset = torch.arange(seq.shape[0], device=device) - starts[seq]  # (N,)
     return seq, offset

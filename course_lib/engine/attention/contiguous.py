@@ -6,6 +6,7 @@ is reserved for the longest possible sequence, so most of it sits empty: ``bytes
 ``bytes_used`` is the waste that PagedAttention removes in chapter 05. Attention is torch's SDPA over
 a padded view of the step. Introduced in 02_metrics.ipynb; the subject of 05_attention_kv_cache.ipynb.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -25,11 +26,24 @@ class ContiguousBackend(AttentionBackend):
 
     name = "contiguous"
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, max_seqs: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 use_sdpa: bool = True) -> None:
-        for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
-                            ("max_len", max_len), ("max_seqs", max_seqs)):
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        max_seqs: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        use_sdpa: bool = True,
+    ) -> None:
+        for name, value in (
+            ("num_layers", num_layers),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+            ("max_len", max_len),
+            ("max_seqs", max_seqs),
+        ):
             _positive_int(name, value)
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.max_len, self.max_seqs = max_len, max_seqs
@@ -106,8 +120,9 @@ class ContiguousBackend(AttentionBackend):
     def append(self, handle, num_tokens: int) -> None:
         row = self._check(handle)
         if self._len[row] + num_tokens > self.max_len:
-            raise ValueError(f"KV cache row {row} is full: {self._len[row]} + {num_tokens} tokens > max_len "
-                             f"{self.max_len}")
+            raise ValueError(
+                f"KV cache row {row} is full: {self._len[row]} + {num_tokens} tokens > max_len {self.max_len}"
+            )
         self._len[row] += num_tokens
 
     def truncate(self, handle, length: int) -> None:
@@ -143,7 +158,7 @@ class ContiguousBackend(AttentionBackend):
             if T > 1 and s == 0:
                 meta.is_causal = True
             elif T > 1:  # a chunk after a cached prefix (or γ+1 tokens to verify): query t sees keys ≤ s + t
-                meta.mask = (torch.arange(L, device=dev)[None, :] <= s + torch.arange(T, device=dev)[:, None])
+                meta.mask = torch.arange(L, device=dev)[None, :] <= s + torch.arange(T, device=dev)[:, None]
             return meta
         rows = torch.tensor(handles, device=dev)  # (B,)
         consecutive = handles == list(range(handles[0], handles[0] + B))
@@ -154,21 +169,32 @@ class ContiguousBackend(AttentionBackend):
             uniform = min(ctx) == L
             meta.extra["write_pos"] = starts[0] if uniform else None
             if not uniform:
-                meta.mask = (torch.arange(L, device=dev)[None, :] < torch.tensor(ctx, device=dev)[:, None])[:, None, None]
+                meta.mask = (torch.arange(L, device=dev)[None, :] < torch.tensor(ctx, device=dev)[:, None])[
+                    :, None, None
+                ]
             return meta
         # mixed: decode tokens batched together, each multi-token sequence (a prefill or a chunk) on its own,
         # so no decode row is padded up to a 300-token prompt
         meta.kind = "mixed"
-        ends = [sum(query_lens[:i + 1]) for i in range(B)]
+        ends = [sum(query_lens[: i + 1]) for i in range(B)]
         dec = [i for i in range(B) if query_lens[i] == 1]
         meta.extra["decode"] = None
         if dec:
-            meta.extra["decode"] = self._decode_group([handles[i] for i in dec], [ctx[i] for i in dec],
-                                                      torch.tensor([ends[i] - 1 for i in dec], device=dev))
+            meta.extra["decode"] = self._decode_group(
+                [handles[i] for i in dec], [ctx[i] for i in dec], torch.tensor([ends[i] - 1 for i in dec], device=dev)
+            )
             meta.extra["decode"]["pos"] = positions[meta.extra["decode"]["index"]]  # (Nd,)
-        meta.extra["chunks"] = [(handles[i], starts[i], ends[i] - query_lens[i], ends[i],
-                                 self._chunk_mask(starts[i], query_lens[i], ctx[i]))
-                                for i in range(B) if query_lens[i] > 1]
+        meta.extra["chunks"] = [
+            (
+                handles[i],
+                starts[i],
+                ends[i] - query_lens[i],
+                ends[i],
+                self._chunk_mask(starts[i], query_lens[i], ctx[i]),
+            )
+            for i in range(B)
+            if query_lens[i] > 1
+        ]
         return meta
 
     def _decode_group(self, rows: list[int], ctx: list[int], token_index: torch.Tensor) -> dict:
@@ -186,24 +212,31 @@ class ContiguousBackend(AttentionBackend):
         dev = self.device
         return torch.arange(ctx, device=dev)[None, :] <= start + torch.arange(T, device=dev)[:, None]
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         K, V = self.k[layer], self.v[layer]  # (rows, Hkv, max_len, hd)
         L = max(meta.context_lens)
         if meta.kind == "single":
             row, s, T = meta.handles[0], meta.start_lens[0], meta.query_lens[0]
-            K[row, :, s:s + T] = k.transpose(0, 1)  # (Hkv, T, hd)
-            V[row, :, s:s + T] = v.transpose(0, 1)
-            o = sdpa(q.transpose(0, 1)[None], K[row:row + 1, :, :L], V[row:row + 1, :, :L], meta.mask,
-                     meta.is_causal, self.use_sdpa)  # (1, H, T, hd)
+            K[row, :, s : s + T] = k.transpose(0, 1)  # (Hkv, T, hd)
+            V[row, :, s : s + T] = v.transpose(0, 1)
+            o = sdpa(
+                q.transpose(0, 1)[None],
+                K[row : row + 1, :, :L],
+                V[row : row + 1, :, :L],
+                meta.mask,
+                meta.is_causal,
+                self.use_sdpa,
+            )  # (1, H, T, hd)
             return o[0].transpose(0, 1)  # (T, H, hd)
         first, rows = meta.extra["first_row"], meta.extra["rows"]
         B = meta.num_seqs
         if meta.kind == "decode":
             p = meta.extra["write_pos"]
             if first is not None and p is not None:  # a static batch: rows first..first+B, all at position p
-                K[first:first + B, :, p] = k  # (B, Hkv, hd)
-                V[first:first + B, :, p] = v
+                K[first : first + B, :, p] = k  # (B, Hkv, hd)
+                V[first : first + B, :, p] = v
             else:
                 K[rows, :, meta.positions] = k  # advanced indices (B,), (B,) around a slice → (B, Hkv, hd)
                 V[rows, :, meta.positions] = v
@@ -215,14 +248,20 @@ class ContiguousBackend(AttentionBackend):
             idx, drows = d["index"], d["rows"]
             K[drows, :, d["pos"]] = k[idx]  # (Nd, Hkv, hd)
             V[drows, :, d["pos"]] = v[idx]
-            keys, values = K[:, :, :d["L"]].index_select(0, drows), V[:, :, :d["L"]].index_select(0, drows)
+            keys, values = K[:, :, : d["L"]].index_select(0, drows), V[:, :, : d["L"]].index_select(0, drows)
             out[idx] = sdpa(q[idx][:, :, None], keys, values, d["mask"], False, self.use_sdpa)[:, :, 0]
         for row, s, a, b, mask in meta.extra["chunks"]:
             T = b - a
-            K[row, :, s:s + T] = k[a:b].transpose(0, 1)  # (Hkv, T, hd)
-            V[row, :, s:s + T] = v[a:b].transpose(0, 1)
-            o = sdpa(q[a:b].transpose(0, 1)[None], K[row:row + 1, :, :s + T], V[row:row + 1, :, :s + T], mask,
-                     mask is None, self.use_sdpa)  # (1, H, T, hd)
+            K[row, :, s : s + T] = k[a:b].transpose(0, 1)  # (Hkv, T, hd)
+            V[row, :, s : s + T] = v[a:b].transpose(0, 1)
+            o = sdpa(
+                q[a:b].transpose(0, 1)[None],
+                K[row : row + 1, :, : s + T],
+                V[row : row + 1, :, : s + T],
+                mask,
+                mask is None,
+                self.use_sdpa,
+            )  # (1, H, T, hd)
             out[a:b] = o[0].transpose(0, 1)
         return out
 
@@ -230,5 +269,5 @@ class ContiguousBackend(AttentionBackend):
     def _rows(K, V, first, rows, B, L):
         """Keys/values (B, Hkv, L, hd) of the step's rows: a view when they are consecutive, else a gather."""
         if first is not None:
-            return K[first:first + B, :, :L], V[first:first + B, :, :L]
+            return K[first : first + B, :, :L], V[first : first + B, :, :L]
         return K[:, :, :L].index_select(0, rows), V[:, :, :L].index_select(0, rows)

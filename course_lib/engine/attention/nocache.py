@@ -3,14 +3,22 @@
 Each new token costs a forward over all the tokens before it: total work grows with the square of the
 length instead of linearly. Chapter 05 measures exactly that against the contiguous cache.
 """
+
 from __future__ import annotations
 
 import itertools
 
 import torch
 
-from course_lib.engine.attention.base import (AttentionBackend, AttentionMetadata, pad_tokens, ragged_index,
-                                              ragged_mask, sdpa, unpad_tokens)
+from course_lib.engine.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    pad_tokens,
+    ragged_index,
+    ragged_mask,
+    sdpa,
+    unpad_tokens,
+)
 
 
 class NoCacheBackend(AttentionBackend):
@@ -72,14 +80,27 @@ class NoCacheBackend(AttentionBackend):
         meta.mask = ragged_mask(query_lens, [0] * len(query_lens), query_lens, positions.device)
         return meta
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         if meta.kind == "single":
-            o = sdpa(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], None,
-                     meta.is_causal, self.use_sdpa)  # (1, H, T, hd)
+            o = sdpa(
+                q.transpose(0, 1)[None],
+                k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None],
+                None,
+                meta.is_causal,
+                self.use_sdpa,
+            )  # (1, H, T, hd)
             return o[0].transpose(0, 1)
         seq, offset = meta.extra["seq"], meta.extra["offset"]
         B, T = meta.num_seqs, max(meta.query_lens)
-        o = sdpa(pad_tokens(q, seq, offset, B, T), pad_tokens(k, seq, offset, B, T), pad_tokens(v, seq, offset, B, T),
-                 meta.mask, False, self.use_sdpa)  # (B, H, T, hd)
+        o = sdpa(
+            pad_tokens(q, seq, offset, B, T),
+            pad_tokens(k, seq, offset, B, T),
+            pad_tokens(v, seq, offset, B, T),
+            meta.mask,
+            False,
+            self.use_sdpa,
+        )  # (B, H, T, hd)
         return unpad_tokens(o, seq, offset)

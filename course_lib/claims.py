@@ -1,0 +1,111 @@
+"""Verdicts and predictions: prose about a measurement is either a prediction or a computed verdict.
+
+A sentence such as "prefill reaches the compute roof" is true on one machine and false on another. A
+notebook therefore states the claim, measures, and lets :func:`claim` print whether it held *here* and,
+if it did not, the likely reason. :func:`compare_prediction` puts the number the learner wrote down
+before measuring beside the theory and the measurement. Introduced in 00_setup_and_hardware.ipynb.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Real
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a claim held on this machine; truthy when it held. Shows nothing as a cell's value."""
+
+    held: bool
+    statement: str = ""
+    margin: float = math.nan  # how far past (>1) or short of (<1) the threshold the measurement fell
+
+    def __bool__(self) -> bool:
+        return bool(self.held)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Verdict):
+            return self.held == other.held
+        if isinstance(other, bool):
+            return self.held == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.held)
+
+    def _ipython_display_(self) -> None:  # the printed line is the output; no stray True/False below it
+        return None
+
+
+def _number(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _fmt(x: float, unit: str) -> str:
+    return f"{x:.3g}{unit}"
+
+
+def claim(
+    statement: str,
+    measured,
+    *,
+    at_least=None,
+    at_most=None,
+    unit: str = "",
+    why_not: str = "",
+) -> Verdict:
+    """Print whether ``statement`` held: ``measured`` >= ``at_least`` and/or <= ``at_most``.
+
+    ``why_not`` is the likely reason, printed only when the claim failed. The returned
+    :class:`Verdict` carries ``margin`` (measured/threshold for ``at_least``, threshold/measured for
+    ``at_most``; the smaller of the two if both): mark a verdict cell ``NBVAL_CHECK_OUTPUT`` only when
+    the margin is 2 or more on every machine you can think of.
+    """
+    if not isinstance(statement, str) or not statement.strip():
+        raise ValueError(f"statement must be a non-empty string, got {statement!r}")
+    if at_least is None and at_most is None:
+        raise ValueError("give at_least=, at_most= or both: a claim needs a threshold")
+    value = _number("measured", measured)
+    margins, bounds = [], []
+    if at_least is not None:
+        low = _number("at_least", at_least)
+        margins.append(value / low if low > 0 else (math.inf if value >= low else 0.0))
+        bounds.append(f">= {_fmt(low, unit)}")
+    if at_most is not None:
+        high = _number("at_most", at_most)
+        margins.append(high / value if value > 0 else (math.inf if value <= high else 0.0))
+        bounds.append(f"<= {_fmt(high, unit)}")
+    held = (at_least is None or value >= float(at_least)) and (at_most is None or value <= float(at_most))
+    margin = min(margins)
+    head = f"measured {_fmt(value, unit)}, claim needs {' and '.join(bounds)}"
+    if held:
+        print(f"✅ holds on this machine: {statement} ({head})")
+    else:
+        reason = f"\n   likely reason: {why_not}" if why_not else ""
+        print(f"✗ does not hold on this machine: {statement} ({head}){reason}")
+    return Verdict(held, statement, margin)
+
+
+def compare_prediction(name: str, prediction, *, theory=None, measured=None, unit: str = "") -> None:
+    """Print the learner's ``prediction`` beside ``theory`` and ``measured`` (any may be None)."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    rows = []
+    for label, value in (("your prediction", prediction), ("theory", theory), ("measured", measured)):
+        if value is None:
+            continue
+        rows.append((label, _number(label, value)))
+    print(name)
+    for label, value in rows:
+        extra = ""
+        if measured is not None and label != "measured" and float(measured) != 0:
+            extra = f"   ({value / float(measured):.2f}× the measurement)"
+        print(f"  {label:<16}{_fmt(value, unit):>12}{extra}")
+    if prediction is None:
+        print("  (no prediction written: set it in the cell above before measuring, then re-run)")
+
+
+__all__ = ["Verdict", "claim", "compare_prediction"]

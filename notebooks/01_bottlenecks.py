@@ -1,0 +1,644 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Bottlenecks: compute-bound or bandwidth-bound?
+#
+# A GPU generating text from a 7-billion-parameter model uses a tiny fraction of its FLOP/s — the first
+# cell of section 1 does the arithmetic on a published measurement. The reason is the central fact of
+# LLM inference: generating one token (decode) does very little arithmetic per byte it reads, so it is
+# limited by memory bandwidth, while processing a prompt (prefill) reuses each byte many times and is
+# limited by compute. This chapter measures both on this machine, puts them on its roofline, and watches
+# batching push decode up the bandwidth slope toward the ridge.
+
+# %% [markdown]
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-course/course/blob/main/notebooks/01_bottlenecks.ipynb)
+
+# %%
+# Colab only: fetch the course and install course_lib WITHOUT replacing Colab's own torch/triton.
+import os
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    if not os.path.isdir("/content/course"):
+        subprocess.run(
+            ["git", "clone", "--depth", "1", "https://github.com/llm-inference-course/course", "/content/course"],
+            check=True,
+        )
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "/content/course"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "transformers>=4.56",
+            "tokenizers>=0.20",
+            "safetensors>=0.4",
+            "psutil>=5.9",
+        ],
+        check=True,
+    )
+    os.environ["COURSE_ROOT"] = "/content/course"
+
+# %% [markdown]
+# **You will learn**
+#
+# * the two bottlenecks of Huyen's *AI Engineering* — *compute-bound* and *memory-bandwidth-bound* — and how Xiao & Zhu's
+#   *hardware arithmetic intensity* (the ridge point) tells them apart;
+# * why a matrix-vector product (GEMV) is bandwidth-bound and a matrix-matrix product (GEMM) is not;
+# * to turn arithmetic intensity into a dial with a Triton kernel and walk it along the roofline;
+# * why a transformer's **prefill** is compute-bound and its **decode** bandwidth-bound, and how batching
+#   raises decode's intensity;
+# * why image generators (convolutions over many pixels) are compute-bound while autoregressive LMs are not;
+# * to predict where any model lands on any GPU's roofline, before running it.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# %matplotlib inline
+import inspect
+import os
+
+import matplotlib.pyplot as plt
+import torch
+
+import course_lib  # sets TRITON_INTERPRET=1 when there is no CUDA GPU
+from course_lib import bench, costs, hardware, phases, plots
+from course_lib.kernels import intensity as ik
+from course_lib.kernels import interpreter_on
+from course_lib.models import accounting
+from course_lib.report import record
+from course_lib.roofline import Point, Roof, batch_to_reach, llm_phases, min_time
+
+torch.manual_seed(0)
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+DT = "bf16" if CUDA else "fp32"  # the dtype each device is fast at (bf16 is emulated on most CPUs)
+if not CUDA:  # on a shared machine, time with the cores that are actually free (see hardware.timing_threads)
+    torch.set_num_threads(hardware.timing_threads())
+print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}; working dtype {DT}")
+if not CUDA:
+    print(
+        f"timing with {torch.get_num_threads()} of {os.cpu_count()} cores (the rest are busy with other jobs)"
+        if torch.get_num_threads() < os.cpu_count()
+        else f"timing with all {os.cpu_count()} cores"
+    )
+
+# %% [markdown]
+# ## 1 · Two bottlenecks, one number between them
+#
+# *Claim* (Huyen, *AI Engineering*, ch. 9). An operation is **compute-bound** when its time is set by the FLOPs it needs, and
+# **memory-bandwidth-bound** when it is set by the bytes it must move between memory and the processor.
+# Xiao & Zhu (*Foundations of LLMs*) make the split precise: the **hardware arithmetic intensity** = max FLOP/s ÷ max bytes/s. A
+# program whose own intensity (FLOPs ÷ bytes moved) is below it is memory-bound, above it compute-bound.
+# The roofline draws this: attainable FLOP/s = min(peak, intensity × bandwidth), with the corner — the
+# *ridge point* — at the hardware arithmetic intensity.
+#
+# A published measurement (ANCHORS.md, from the gpt-fast README: Llama-2-7B in fp16 at batch 1 on an
+# A100-80GB, power-limited to 330 W) shows where decode sits. How much of the A100's compute and of its
+# bandwidth does it use?
+
+# %%
+# NBVAL_CHECK_OUTPUT
+GPT_FAST_TOK_S = 104.9  # ANCHORS.md, gpt-fast README: Llama-2-7B fp16, batch 1, A100-80GB
+a100, llama7b = hardware.gpu_spec("A100 80GB SXM"), accounting.ModelShape.from_name("llama-2-7b")
+flops_used = accounting.decode_flops(llama7b, 1) * GPT_FAST_TOK_S
+bytes_used = accounting.weight_bytes(llama7b, "fp16") * GPT_FAST_TOK_S
+print(
+    f"compute:   {flops_used / 1e12:5.2f} TFLOP/s of {a100.tflops['fp16']:g} = {flops_used / a100.peak_flops('fp16'):.2%}"
+)
+print(f"bandwidth: {bytes_used / 1e9:5.0f} GB/s of {a100.hbm_tbps * 1e3:g} = {bytes_used / a100.bandwidth:.0%}")
+
+# %% [markdown]
+# Most of the bandwidth, a sliver of the compute: decode is bandwidth-bound. We measure this
+# machine's roof next (chapter 00 explains how; the result is cached for the session).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+peaks = hardware.measured_peaks()
+roof = Roof.from_measured(peaks, DT, f"this machine {DT} (measured)")
+print(f"measured: {peaks.bandwidth / 1e9:.1f} GB/s, {roof.peak_flops / 1e9:.1f} GFLOP/s {DT} matmul")
+print(f"ridge point (hardware arithmetic intensity): {roof.ridge:.2f} FLOP/byte")
+
+# %% [markdown]
+# ## 2 · GEMV vs GEMM: one weight matrix, m rows at a time
+#
+# *Claim.* Multiplying an (n × n) weight matrix by m input rows does 2·m·n² FLOPs but reads the weights
+# only once. With m = 1 (a GEMV — what a decode step does at batch 1) each weight is used for one
+# multiply-add: 2 FLOPs per 4-byte fp32 (or 2-byte bf16) weight. With many rows (a GEMM — prefill) each
+# weight is reused m times.
+#
+# *Predict.* The intensities, from `costs.matmul_cost` (n = 4096):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for m in (1, 4, 16, 64, 256, 1024, 4096):
+    c32, c16 = costs.matmul_cost(m, 4096, 4096, "fp32"), costs.matmul_cost(m, 4096, 4096, "bf16")
+    print(f"m = {m:>4}: {c32.intensity:8.2f} FLOP/byte in fp32, {c16.intensity:8.2f} in bf16")
+
+# %% [markdown]
+# Intensity grows almost linearly with m until the activations become as large as the weights. Now the
+# ceiling this machine allows for each m, printed **before** measuring. The matrix is larger than the
+# last-level cache, so the weights really come from memory:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+n = 4096
+ms = course_lib.pick((1, 4, 16, 64, 256), (1, 4, 16, 64, 256, 1024, 4096))
+mm_costs = {m: costs.matmul_cost(m, n, n, DT) for m in ms}
+for m, c in mm_costs.items():
+    print(
+        f"m = {m:>4}: intensity {c.intensity:7.2f} -> ceiling {roof.attainable(c.intensity) / 1e9:9.1f} GFLOP/s "
+        f"({roof.bound(c.intensity)})"
+    )
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+gen = torch.Generator(device=DEV).manual_seed(0)
+w = torch.randn(n, n, generator=gen, device=DEV).to(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[DT]))
+mm_timings = {}
+for m, c in mm_costs.items():
+    x = torch.randn(m, n, generator=gen, device=DEV).to(w.dtype)  # (m, n) activations
+    mm_timings[m] = bench.benchmark(
+        lambda: x @ w, flops=c.flops, bytes=c.bytes, dtype=DT, repeats=5, label=f"({m} x {n}) @ ({n} x {n})"
+    )
+    print(mm_timings[m])
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=plots.DPI)
+plots.plot_roofline(
+    [roof],
+    [Point.from_timing(t, f"m={m}") for m, t in mm_timings.items()],
+    ax=ax1,
+    title="GEMV (m=1) -> GEMM on the roofline",
+    intensity_range=(0.1, 3000),
+)
+plots.plot_measured_vs_theory(
+    list(ms),
+    [t.gflops for t in mm_timings.values()],
+    [roof.attainable(c.intensity) / 1e9 for c in mm_costs.values()],
+    xlabel="rows m",
+    ylabel="GFLOP/s",
+    title="measured vs ceiling",
+    ax=ax2,
+)
+plt.show()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+gemv, gemm = mm_timings[ms[0]], mm_timings[ms[-1]]
+print(
+    f"GEMV (m=1): {gemv.gflops:.2f} GFLOP/s at {gemv.gbps:.1f} GB/s "
+    f"= {gemv.gbps * 1e9 / peaks.bandwidth:.0%} of measured bandwidth"
+)
+print(
+    f"GEMM (m={ms[-1]}): {gemm.gflops:.1f} GFLOP/s = {gemm.gflops * 1e9 / roof.peak_flops:.0%} of the "
+    f"measured matmul peak; {gemm.gflops / gemv.gflops:.0f}x the GEMV's FLOP/s on the same weights"
+)
+
+# %% [markdown]
+# *Explain the gap.* The GEMV sits on the sloped part of the roof: its speed is the memory bandwidth
+# times its intensity, and more arithmetic units would not help. The big GEMM reaches the flat part.
+# Points can land slightly *above* the measured roof at small m: the roof is the best rate of one
+# STREAM run, and a matmul's reads may be prefetched better. Points well below it at medium m show the
+# library switching algorithms — a roofline is a ceiling, not a prediction of the exact value.
+#
+# ## 3 · A kernel with an intensity dial
+#
+# To walk along the roofline continuously we use a kernel whose intensity is a parameter:
+# `y = x; repeat k times: y = y·a + b`. It reads each element once and writes it once whatever k is,
+# and does 2·k FLOPs per element. The four parts (reference, Triton kernel, checked launcher, test) live
+# in `course_lib/kernels/intensity.py`; here is the reference, whose comment counts bytes and FLOPs:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(inspect.getsource(ik.intensity_ref))
+
+# %% [markdown]
+# **On this machine.** Without a CUDA GPU, Triton kernels run in the Triton *interpreter*, which
+# executes them with numpy, one block at a time: good for checking correctness, useless for timing. So
+# on a CPU we check the Triton kernel against the reference in the interpreter on small sizes, and the
+# timed sweep runs the same math through torch ops (`path="torch"`: chunks small enough to stay in the
+# CPU cache, so memory traffic is one read and one write per element, like the fused kernel). On a GPU
+# the sweep times the Triton kernel itself.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for n_test in (1, 17, 1000, 4099):
+    for k in (1, 4, 16):
+        x = (torch.rand(n_test, generator=torch.Generator().manual_seed(n_test)) * 4 - 2).to(DEV)
+        torch.testing.assert_close(
+            ik.intensity(x, k, path="triton", block=256), ik.intensity_ref(x, k), atol=1e-5, rtol=1e-5
+        )
+print("Triton kernel == intensity_ref for n in (1, 17, 1000, 4099), k in (1, 4, 16)")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"interpreter on: {interpreter_on()}; the timed sweep uses path={ik.resolve_path('auto', torch.device(DEV))!r}")
+
+# %% [markdown]
+# *Predict.* fp32 intensity is k FLOPs per 4 bytes:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+ks = (1, 2, 4, 8, 16, 32, 64, 128)
+for k in ks:
+    print(f"k = {k:>3}: {costs.fma_chain_cost(1, k, 'fp32').intensity:6.2f} FLOP/byte")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+sweep_n = course_lib.pick(1 << 24, 1 << 27)  # fp32: 64 MiB per array in quick mode, more than most CPUs' LLC
+roof32 = Roof.from_measured(peaks, "fp32", "this machine fp32 (measured)")
+for k in ks:
+    i = costs.fma_chain_cost(sweep_n, k).intensity
+    print(f"k = {k:>3}: ceiling {roof32.attainable(i) / 1e9:8.1f} GFLOP/s ({roof32.bound(i)})")
+sweep = ik.intensity_sweep(ks, n=sweep_n, dtype="fp32", device=DEV, repeats=3, warmup=1)
+for k, t in sweep:
+    print(t)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=plots.DPI)
+plots.plot_roofline(
+    [roof32],
+    [Point.from_timing(t, f"k={k}") for k, t in sweep],
+    ax=ax1,
+    predicted=False,
+    title="intensity sweep on the measured roofline",
+    intensity_range=(0.1, 300),
+)
+plots.plot_measured_vs_theory(
+    list(ks),
+    [t.gflops for _, t in sweep],
+    [roof32.attainable(t.intensity) / 1e9 for _, t in sweep],
+    xlabel="FMA steps k per element",
+    ylabel="GFLOP/s",
+    ax=ax2,
+    title="measured vs ceiling",
+)
+plt.show()
+best = max(sweep, key=lambda kt: kt[1].gflops)
+print(
+    f"k=1: {sweep[0][1].gbps:.1f} GB/s ({sweep[0][1].gbps * 1e9 / peaks.bandwidth:.0%} of measured bandwidth); "
+    f"best: k={best[0]} at {best[1].gflops:.1f} GFLOP/s = {best[1].gflops * 1e9 / roof32.peak_flops:.0%} of the matmul peak"
+)
+
+# %% [markdown]
+# *Explain the gap.* The shape is the roofline's: while k is small, more arithmetic costs almost
+# nothing (the time is set by the bytes), and past the ridge the FLOP/s stop growing. The heights
+# differ from the roof, and why depends on the path:
+#
+# * On a CPU the timed path is the torch fallback. Each chunk costs a few torch op launches (copy in,
+#   k multiply and k add passes, copy out), each a pass over the chunk in cache, so at small k the fixed
+#   per-chunk cost, not DRAM, sets the time and the points sit below the bandwidth roof. At large k the
+#   ceiling is how fast separate elementwise multiply and add passes run — far below a matmul, which keeps
+#   operands in registers and issues fused multiply-adds. A roof is specific to the instruction mix that
+#   reached it.
+# * On a GPU the Triton kernel keeps `y` in registers; it gets close to the bandwidth roof at small k and
+#   to the fp32 (CUDA-core) roof at large k.
+#
+# ## 4 · A transformer layer: prefill vs decode
+#
+# Now the real thing: a `transformers` `LlamaForCausalLM` with random weights (no download), small
+# enough for a CPU but with weights far larger than the CPU's cache. `course_lib.models.accounting`
+# predicts the FLOPs and bytes of each phase from the model's shape alone; we check that shape against
+# the real model first.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+size = course_lib.pick(
+    dict(hidden_size=1024, intermediate_size=2816, num_layers=4, num_heads=8, num_kv_heads=8),
+    dict(hidden_size=4096, intermediate_size=11008, num_layers=4, num_heads=32, num_kv_heads=8),
+)
+model, shape = phases.tiny_llama(**size, vocab_size=4096, dtype=DT, seed=0, device=DEV)
+print(
+    f"parameters: accounting {accounting.param_count(shape):,} == model "
+    f"{sum(p.numel() for p in model.parameters()):,}; weights {accounting.weight_bytes(shape, DT) / 1e6:.0f} MB in {DT}"
+)
+
+# %% [markdown]
+# *Predict.* Decode: `batch` sequences each add one token (attending to a 16-token KV cache). Prefill:
+# one sequence of T prompt tokens. Both numbers come straight from `accounting`:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+CTX = 16
+batches = course_lib.pick((1, 2, 4, 8, 16, 32, 64), (1, 4, 16, 64, 128, 256, 512))
+prompt_lens = course_lib.pick((16, 64, 128), (128, 512, 2048))
+pred_decode = {
+    b: (accounting.decode_flops(shape, CTX, b), accounting.decode_step_bytes(shape, CTX, b, DT)) for b in batches
+}
+pred_prefill = {
+    T: (
+        accounting.prefill_flops(shape, T),
+        accounting.weight_bytes(shape, DT) + accounting.kv_bytes_per_token(shape, DT) * T,
+    )
+    for T in prompt_lens
+}
+for b, (f, by) in pred_decode.items():
+    print(
+        f"decode  batch {b:>3}: {f / 1e9:7.3f} GFLOP, {by / 1e6:7.1f} MB -> intensity {f / by:6.2f}, "
+        f"ceiling {roof.attainable(f / by) / 1e9:7.1f} GFLOP/s, time >= {min_time(f, by, roof.peak_flops, roof.bandwidth) * 1e3:6.2f} ms"
+    )
+print(
+    f"decode reaches this machine's ridge ({roof.ridge:.1f} FLOP/byte) at batch "
+    f"{batch_to_reach(roof.ridge, shape, context_len=CTX, dtype=DT)}"
+)
+for T, (f, by) in pred_prefill.items():
+    print(
+        f"prefill T = {T:>4}: {f / 1e9:7.3f} GFLOP, {by / 1e6:7.1f} MB -> intensity {f / by:6.2f}, "
+        f"ceiling {roof.attainable(f / by) / 1e9:7.1f} GFLOP/s, time >= {min_time(f, by, roof.peak_flops, roof.bandwidth) * 1e3:6.2f} ms"
+    )
+
+# %% [markdown]
+# *Measure.* Each decode step is timed with the KV cache cropped back, so every call sees the same context:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+dec = {b: phases.time_decode(model, shape, batch=b, context_len=CTX, dtype=DT, repeats=5) for b in batches}
+pre = {T: phases.time_prefill(model, shape, batch=1, n_tokens=T, dtype=DT, repeats=3) for T in prompt_lens}
+for t in (*dec.values(), *pre.values()):
+    print(t)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.6), dpi=plots.DPI)
+pts = [Point.from_timing(t, f"decode b={b}") for b, t in dec.items()] + [
+    Point.from_timing(t, f"prefill T={T}") for T, t in pre.items()
+]
+plots.plot_roofline(
+    [roof], pts, ax=ax1, predicted=False, intensity_range=(0.1, 1000), title="decode (batch grows) and prefill"
+)
+plots.plot_measured_vs_theory(
+    list(batches),
+    [b / t.median_s for b, t in dec.items()],
+    [b / min_time(*pred_decode[b], roof.peak_flops, roof.bandwidth) for b in batches],
+    xlabel="decode batch",
+    ylabel="tokens / s",
+    ax=ax2,
+    title="decode throughput vs ceiling",
+)
+ax1.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))  # below: keep the points visible
+fig.tight_layout()
+plt.show()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+b1, bN = dec[batches[0]], dec[batches[-1]]
+print(
+    f"decode batch 1: {b1.gflops:.2f} GFLOP/s, {b1.gbps:.1f} GB/s of weights "
+    f"({b1.gbps * 1e9 / peaks.bandwidth:.0%} of measured bandwidth), {1 / b1.median_s:.1f} tokens/s"
+)
+print(
+    f"decode batch {batches[-1]}: {bN.gflops:.2f} GFLOP/s, {batches[-1] / bN.median_s:.0f} tokens/s "
+    f"= {(batches[-1] / bN.median_s) / (1 / b1.median_s):.0f}x batch 1's throughput, "
+    f"step time only {bN.median_s / b1.median_s:.1f}x longer"
+)
+longest = pre[prompt_lens[-1]]
+print(
+    f"prefill T={prompt_lens[-1]}: {longest.gflops:.1f} GFLOP/s = "
+    f"{longest.gflops * 1e9 / roof.peak_flops:.0%} of the measured matmul peak, intensity {longest.intensity:.0f}"
+)
+
+# %% [markdown]
+# *Explain the gap.* Decode at batch 1 sits far left on the slope: it streams every weight once for a
+# single multiply-add each, so its time is the weight bytes divided by the bandwidth. While the batch is
+# below the ridge batch printed in the prediction cell, more sequences share the same weight reads: the
+# step time grows much more slowly than the batch and throughput climbs. Past it, decode is compute-bound
+# like prefill and the step time grows with the batch. A CPU's ridge is low, so this happens at a small
+# batch here; on the GPUs of section 6 it takes hundreds of sequences. Prefill sits on the flat roof from
+# the start.
+# The measured points sit below the ceilings because the real model does more than the accounting counts
+# (norms, rotary embeddings, softmax, the KV-cache bookkeeping of `transformers`, Python overhead per
+# layer), and those costs weigh most on the shortest steps.
+#
+# ## 5 · Image generators vs language models
+#
+# Huyen (*AI Engineering*, ch. 9) notes that image generators such as Stable Diffusion are usually compute-bound while
+# autoregressive LMs are bandwidth-bound. The workhorse of a diffusion UNet is a 3×3 convolution whose
+# weights are reused at every pixel. *Predict* a small UNet block's intensity against a batch-1 decode step:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+C, HW = course_lib.pick((64, 64), (320, 64))
+unet_cost = phases.unet_block_cost(C, HW, HW, dtype=DT)
+f1, by1 = pred_decode[1]
+print(
+    f"UNet block ({C} channels, {HW}x{HW}): {unet_cost.intensity:.0f} FLOP/byte -> {roof.bound(unet_cost.intensity)}, "
+    f"ceiling {roof.attainable(unet_cost.intensity) / 1e9:.1f} GFLOP/s"
+)
+print(
+    f"decode step, batch 1:          {f1 / by1:.2f} FLOP/byte -> {roof.bound(f1 / by1)}, "
+    f"ceiling {roof.attainable(f1 / by1) / 1e9:.1f} GFLOP/s"
+)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+block = phases.unet_block(C, seed=0).to(device=DEV, dtype=w.dtype)
+img = torch.randn(1, C, HW, HW, generator=torch.Generator(device=DEV).manual_seed(0), device=DEV).to(w.dtype)
+with torch.inference_mode():
+    unet_t = bench.benchmark(
+        lambda: block(img), flops=unet_cost.flops, bytes=unet_cost.bytes, dtype=DT, label="UNet block", repeats=5
+    )
+print(unet_t)
+plots.plot_roofline(
+    [roof, Roof.from_spec("H100 SXM")],
+    [Point.from_timing(unet_t), Point.from_timing(dec[1], "decode b=1")],
+    title="image-generator block vs LLM decode step",
+    intensity_range=(0.1, 3000),
+)
+plt.show()
+print(
+    f"the UNet block runs at {unet_t.gflops / dec[1].gflops:.0f}x the FLOP/s of a batch-1 decode step on this machine"
+)
+
+# %% [markdown]
+# ## 6 · On real GPUs: where do decode and prefill land?
+#
+# The same accounting places any model on any GPU in the spec table, before running anything.
+# `roofline.llm_phases` does it (and is what the explorer below calls). Llama-2-7B in bf16 on an H100,
+# 512-token prompts and contexts:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for b in (1, 8, 64, 256):
+    r = llm_phases("H100 SXM", "llama-2-7b", batch=b, dtype="bf16", prompt_len=512, context_len=512)
+    print(
+        f"batch {b:>3}: decode {r.decode.intensity:7.2f} FLOP/B ({r.decode.bound}), <= {r.decode.tokens_per_s:>8,.0f} tok/s | "
+        f"prefill {r.prefill.intensity:6.0f} FLOP/B ({r.prefill.bound})"
+    )
+
+# %% [markdown]
+# Batching raises decode's intensity, but with a 512-token context each sequence also brings its own KV
+# cache to read, so intensity grows more slowly than the batch. The smallest batch that reaches each GPU's
+# ridge with a one-token context (weights only — the most favourable case):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for gpu in ("H100 SXM", "H200 SXM", "A100 80GB SXM", "L4", "RTX 4090"):
+    ridge = hardware.gpu_spec(gpu).ridge("bf16")
+    print(
+        f"{gpu:<14} ridge {ridge:5.0f} FLOP/B -> llama-2-7b decode needs batch >= "
+        f"{batch_to_reach(ridge, 'llama-2-7b', context_len=1, dtype='bf16')}"
+    )
+
+# %% [markdown]
+# **Explorer.** Pick a GPU, a model, a batch size, a dtype and a context length and see where decode and
+# prefill land on that GPU's datasheet roof (it needs a live kernel; the cell after it shows one choice
+# statically).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from IPython.display import display
+
+display(plots.phase_explorer())
+
+# %%
+# NBVAL_CHECK_OUTPUT
+report = llm_phases("A100 80GB SXM", "llama-3-8b", batch=16, dtype="bf16", prompt_len=1024, context_len=1024)
+print(report)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+plots.plot_phases(report)
+plt.show()
+
+# %% [markdown]
+# ### Record the headline figures
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ch = "01_bottlenecks"
+record(ch, "gemv_gflops", gemv.gflops, "GFLOP/s", theory=roof.attainable(gemv.intensity) / 1e9)
+record(ch, f"gemm_m{ms[-1]}_gflops", gemm.gflops, "GFLOP/s", theory=roof.attainable(gemm.intensity) / 1e9)
+record(ch, "decode_intensity_b1", dec[batches[0]].intensity, "FLOP/byte", note="counted by accounting")
+record(ch, f"decode_intensity_b{batches[-1]}", dec[batches[-1]].intensity, "FLOP/byte")
+record(ch, f"prefill_intensity_T{prompt_lens[-1]}", longest.intensity, "FLOP/byte")
+record(
+    ch,
+    "decode_tok_s_b1",
+    1 / b1.median_s,
+    "tok/s",
+    theory=1 / min_time(*pred_decode[1], roof.peak_flops, roof.bandwidth),
+)
+record(
+    ch,
+    f"decode_tok_s_b{batches[-1]}",
+    batches[-1] / bN.median_s,
+    "tok/s",
+    theory=batches[-1] / min_time(*pred_decode[batches[-1]], roof.peak_flops, roof.bandwidth),
+)
+record(
+    ch, f"prefill_gflops_T{prompt_lens[-1]}", longest.gflops, "GFLOP/s", theory=roof.attainable(longest.intensity) / 1e9
+)
+record(ch, "unet_block_gflops", unet_t.gflops, "GFLOP/s", theory=roof.attainable(unet_cost.intensity) / 1e9)
+record(ch, "fma_sweep_best_gflops", best[1].gflops, "GFLOP/s", theory=roof32.peak_flops / 1e9)
+print("recorded", ch)
+
+# %% [markdown]
+# ## 7 · Exercises
+#
+# Replace `None` with an expression; the check computes the expected value from `course_lib`.
+#
+# **Exercise 1.** What is the arithmetic intensity of a 4096 × 4096 fp16 matrix times a 4096-vector
+# (count reading the matrix and the vector and writing the result)?
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from course_lib.exercises import ch01
+
+answer = None  # FLOP/byte
+ch01.check_gemv_intensity(answer, n=4096, dtype="fp16")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `answer = 2 * 4096**2 / ((4096**2 + 2 * 4096) * 2)` — just under 1 FLOP/byte: one multiply-add per
+# 2-byte weight. Or `costs.gemv_cost(4096, 4096, "fp16").intensity`.
+# </details>
+#
+# **Exercise 2.** The intensity of one Llama-2-7B bf16 decode step at batch 8, each sequence with a
+# 512-token KV cache. (`accounting.ModelShape.from_name`, `decode_flops`, `decode_step_bytes`.)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+answer = None  # FLOP/byte
+ch01.check_decode_intensity(answer, model="llama-2-7b", batch=8, context_len=512, dtype="bf16")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# ```python
+# s = accounting.ModelShape.from_name("llama-2-7b")
+# answer = accounting.decode_flops(s, 512, 8) / accounting.decode_step_bytes(s, 512, 8, "bf16")
+# ```
+# Close to the batch size (2 FLOPs per 2-byte weight, per sequence), minus what the KV caches cost:
+# every sequence reads its own cache.
+# </details>
+#
+# **Exercise 3.** With a one-token context, what is the smallest batch at which a Llama-2-7B bf16 decode
+# step reaches the H100's bf16 ridge point? Solve it by reasoning (intensity ≈ batch × 2 FLOP ÷ 2 bytes
+# per weight, then refine) or by a loop over `accounting.decode_intensity`.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+answer = None  # an integer batch size
+ch01.check_batch_to_ridge(answer, model="llama-2-7b", gpu="H100 SXM", dtype="bf16", context_len=1)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# ```python
+# s, ridge = accounting.ModelShape.from_name("llama-2-7b"), hardware.gpu_spec("H100 SXM").ridge("bf16")
+# answer = next(b for b in range(1, 10_000) if accounting.decode_intensity(s, 1, b, "bf16") >= ridge)
+# ```
+# Slightly above the ridge value itself, since not every parameter does a multiply-add per token
+# (the embedding table is read but not multiplied) — `roofline.batch_to_reach` does the same search.
+# </details>
+#
+# **Exercise 4.** Is a batch-1, 512-token prefill of Llama-2-7B on an A100 80GB memory-bound or
+# compute-bound? Answer with the string `"memory-bound"` or `"compute-bound"`.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+answer = None  # "memory-bound" or "compute-bound"
+ch01.check_bound(answer, phase="prefill", model="llama-2-7b", gpu="A100 80GB SXM", batch=1, tokens=512)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `"compute-bound"`: 512 tokens reuse each weight 512 times, an intensity far above the A100's ridge;
+# section 6 printed the H100 case; for the A100 see `llm_phases("A100 80GB SXM", "llama-2-7b", prompt_len=512).prefill`.
+# </details>
+#
+# ## Summary
+#
+# * **Compute-bound vs memory-bandwidth-bound** (Huyen, *AI Engineering*, ch. 9) is decided by comparing an operation's
+#   arithmetic intensity with the machine's **hardware arithmetic intensity** (Xiao & Zhu, *Foundations of LLMs*), the ridge of the
+#   roofline. Every number above was predicted from FLOPs and bytes before it was measured.
+# * A GEMV does about one multiply-add per weight read, a GEMM reuses each weight across rows: the same
+#   weights, orders of magnitude apart in FLOP/s.
+# * **Prefill** processes the prompt's tokens in parallel — a GEMM, compute-bound. **Decode** produces one
+#   token per sequence per step — a GEMV at batch 1, bound by how fast the weights (and the KV cache)
+#   stream from memory. Batching shares each weight read across sequences and pushes decode up the
+#   bandwidth slope toward the ridge; long contexts push back, because each sequence's KV cache must be
+#   read too.
+# * Image generators reuse each convolution weight at every pixel and sit right of the ridge:
+#   compute-bound. Autoregressive LMs sit left of it: bandwidth-bound. The rest of the course is largely
+#   about moving decode to the right (batching, quantization that shrinks the bytes) or making its bytes
+#   cheaper (KV-cache management).

@@ -1,0 +1,48 @@
+"""Verdicts print whether a claim held here, and show nothing as a cell's value."""
+
+import math
+
+import pytest
+
+from course_lib.claims import Verdict, claim, compare_prediction
+
+
+def test_claim_held_and_not(capsys):
+    v = claim("prefill reaches half the roof", 0.6, at_least=0.5)
+    assert v and v.held and math.isclose(v.margin, 1.2)
+    assert "✅ holds" in capsys.readouterr().out
+    v = claim("prefill reaches half the roof", 0.24, at_least=0.5, unit="", why_not="per-op overhead")
+    assert not v and math.isclose(v.margin, 0.48)
+    out = capsys.readouterr().out
+    assert "✗ does not hold" in out and "likely reason: per-op overhead" in out
+    v = claim("in a band", 3.0, at_least=1.0, at_most=4.0)
+    assert v and math.isclose(v.margin, 4 / 3)
+    assert not claim("below", 5.0, at_most=4.0)
+
+
+def test_claim_bad_input():
+    with pytest.raises(ValueError, match="threshold"):
+        claim("x", 1.0)
+    with pytest.raises(ValueError, match="measured"):
+        claim("x", float("nan"), at_least=1)
+    with pytest.raises(ValueError, match="measured"):
+        claim("x", "fast", at_least=1)
+    with pytest.raises(ValueError, match="statement"):
+        claim("", 1.0, at_least=1)
+
+
+def test_verdict_is_bool_like_and_silent():
+    assert Verdict(True) == True  # noqa: E712
+    assert Verdict(False) == False  # noqa: E712
+    assert Verdict(True) != Verdict(False)
+    assert Verdict(False)._ipython_display_() is None
+
+
+def test_compare_prediction(capsys):
+    compare_prediction("decode step", 2.0, theory=1.0, measured=4.0, unit=" ms")
+    out = capsys.readouterr().out
+    assert "your prediction" in out and "0.50× the measurement" in out and "0.25×" in out
+    compare_prediction("decode step", None, theory=1.0, measured=4.0)
+    assert "no prediction written" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="theory"):
+        compare_prediction("x", 1.0, theory="big")
