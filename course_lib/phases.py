@@ -79,13 +79,13 @@ def _ids(model, batch: int, n: int, seed: int) -> torch.Tensor:
 def time_prefill(model, shape, *, batch: int, n_tokens: int, dtype: str = "fp32", repeats: int | None = None):
     """Time one forward pass over (batch, n_tokens) prompt tokens; FLOPs/bytes from accounting."""
     from course_lib.bench import benchmark
-    from course_lib.models.accounting import kv_bytes_per_token, prefill_flops, weight_bytes
+    from course_lib.models.accounting import prefill_flops, prefill_step_bytes
 
     check_positive_int("batch", batch)
     check_positive_int("n_tokens", n_tokens)
     ids = _ids(model, batch, n_tokens, seed=1)  # (B, T)
     flops = prefill_flops(shape, n_tokens, batch)
-    moved = weight_bytes(shape, dtype) + kv_bytes_per_token(shape, dtype) * n_tokens * batch
+    moved = prefill_step_bytes(shape, n_tokens, batch, dtype)  # weights read once + the KV cache written
     return benchmark(
         lambda: model(input_ids=ids, use_cache=False),
         flops=flops,

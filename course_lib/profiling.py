@@ -4,11 +4,13 @@ A decode step is bandwidth-bound (``course_lib.roofline.decode_time``) — and, 
 as ours, sits on a floor the roofline does not see: every one of the few hundred torch ops in a step
 pays a fixed dispatch cost (``count_ops``, ``per_op_overhead_s``). ``time_matmuls`` times the step's
 matmuls alone (with ``course_lib.bench.benchmark``), and ``cpu_busy`` / ``gpu_utilization_reader`` /
-``sample_while`` show what "utilization" measures — and what it does not. Introduced in 02_metrics.ipynb.
+``sample_while`` show what "utilization" measures — and what it does not. Introduced in 02_metrics_1_latency.ipynb
+(``op_size_sweep``: 01_bottlenecks.ipynb).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import statistics
 import subprocess
@@ -56,6 +58,47 @@ def per_op_overhead_s(device: str | torch.device = "cpu", n: int = 2000) -> floa
             sync()
             samples.append((time.perf_counter() - t0) / n)
     return statistics.median(samples[1:])  # the first loop is a warm-up
+
+
+def op_size_sweep(sizes, *, device: str | torch.device = "cpu", dtype: str = "fp32", repeats: int = 20) -> list:
+    """Time one elementwise op (``c = a + b``) for each element count in ``sizes``; returns
+    ``[bench.Timing]`` with 3·n·bytes counted. Small ops sit on a flat floor (dispatch:
+    *overhead-bound*), large ones on a slope (bytes / bandwidth): the third regime, beside compute- and
+    bandwidth-bound (Horace He, *Making Deep Learning Go Brrrr From First Principles*). Introduced in
+    01_bottlenecks.ipynb."""
+    from course_lib.bench import benchmark
+    from course_lib.dtypes import canonical, dtype_bytes, torch_dtype
+
+    sizes = [check_positive_int("sizes", n) for n in sizes]
+    if not sizes:
+        raise ValueError("sizes must hold at least one element count")
+    check_positive_int("repeats", repeats)
+    name = canonical(dtype)
+    dev = torch.device(device)
+    out = []
+    for n in sizes:
+        a = torch.full((n,), 1.0, dtype=torch_dtype(name), device=dev)
+        b, c = a.clone(), torch.empty_like(a)
+        # enough back-to-back calls per sample that the clock's resolution does not matter
+        inner = max(1, min(1000, int(2e6 // (3 * n * dtype_bytes(name)))))
+
+        def run(a=a, b=b, c=c, inner=inner):
+            for _ in range(inner):
+                torch.add(a, b, out=c)  # reads a and b, writes c
+
+        t = benchmark(
+            run,
+            bytes=3 * n * dtype_bytes(name) * inner,
+            device=dev.type,
+            label=f"add n={n:,}",
+            repeats=repeats,
+            warmup=2,
+            dtype=name,
+            peaks=False,
+        )
+        # one call's timing: samples and bytes divided by the calls per sample
+        out.append(dataclasses.replace(t, samples_s=tuple(x / inner for x in t.samples_s), bytes=t.bytes / inner))
+    return out
 
 
 def matmul_weights(engine) -> list[torch.Tensor]:

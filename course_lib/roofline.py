@@ -6,8 +6,11 @@ by bytes/s and extra compute is free. Right of the ridge it is compute-bound. ``
 an LLM's decode step and prefill on a GPU's roofline from the model's shape alone, and
 ``prefill_time`` / ``decode_time`` / ``output_input_ratio`` / ``generation_flops`` turn the same
 accounting into the times a measured prefill (TTFT) and decode step (TPOT) should not beat.
+"Memory-bound" has a second meaning, capacity: ``fits_in_memory`` says whether weights + KV cache fit
+in a GPU at all. ``training_vs_inference`` and ``decode_time_options`` are first-principles predictions
+for two questions chapter 02 asks (why training reaches a higher MFU; more chips or faster memory?).
 Introduced in 00_setup_and_hardware.ipynb; LLM phases in 01_bottlenecks.ipynb; time predictions in
-02_metrics.ipynb.
+02_metrics_1_latency.ipynb.
 """
 
 from __future__ import annotations
@@ -18,14 +21,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from course_lib.costs import check_positive_int
+from course_lib.dtypes import dtype_bytes
 from course_lib.models.accounting import (
     ModelShape,
     decode_flops,
     decode_intensity,
     decode_step_bytes,
     kv_bytes_per_token,
+    param_count,
     prefill_flops,
+    prefill_step_bytes,
     weight_bytes,
+    weights_read_per_step,
 )
 
 
@@ -147,6 +154,97 @@ class Point:
         return cls(label or timing.label, timing.flops, timing.bytes, timing.median_s)
 
 
+# ----------------------------------------------------------------------------- capacity
+def _shape(model) -> ModelShape:
+    return model if isinstance(model, ModelShape) else ModelShape.from_name(model)
+
+
+def _spec(gpu):
+    from course_lib.hardware import gpu_spec
+
+    return gpu if hasattr(gpu, "memory_gb") else gpu_spec(gpu)
+
+
+def device_bytes(gpu) -> float:
+    """Bytes of memory on ``gpu`` (a name or a ``GpuSpec``). Datasheets say "GB" but GPU memory comes
+    in binary units: an H100's "80GB" is 80 GiB = 85.9e9 bytes (torch sees ≈79 GiB of it after the
+    driver's and ECC's reserve), so this is ``memory_gb`` × 2**30, an upper bound on what is usable."""
+    return _spec(gpu).memory_gb * 2**30
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Whether ``batch`` sequences of ``context_len`` tokens fit in one GPU's memory: weights + KV cache
+    (activations, the CUDA context and allocator slack are not counted). Sizes are printed in GB = 1e9
+    bytes, the device's datasheet size also in GiB = 2**30 bytes."""
+
+    model: str
+    gpu: str
+    batch: int
+    context_len: int
+    weights_bytes: float
+    kv_bytes: float
+    device_bytes: float  # the datasheet memory
+    max_batch: int  # most sequences of context_len tokens that fit beside the weights (0 if none)
+    usable: float = 1.0  # fraction of device_bytes the engine may fill
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.device_bytes * self.usable
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_bytes + self.kv_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.usable_bytes
+
+    @property
+    def overflow(self) -> str | None:
+        """'weights' if they alone exceed the memory, else 'kv cache' if weights + KV do, else None."""
+        if self.weights_bytes > self.usable_bytes:
+            return "weights"
+        return None if self.fits else "kv cache"
+
+    def __str__(self) -> str:
+        sizes = (
+            f"weights {self.weights_bytes / 1e9:.1f} GB + KV cache {self.kv_bytes / 1e9:.1f} GB = "
+            f"{self.total_bytes / 1e9:.1f} GB {'<=' if self.fits else '>'} {self.usable_bytes / 1e9:.1f} GB "
+            f"({self.usable:.0%} of the {self.gpu}'s {self.device_bytes / 2**30:g} GiB)"
+        )
+        seqs = f"{self.max_batch} sequences of {self.context_len} tokens fit"
+        if self.overflow == "weights":
+            return f"{sizes}: the weights alone overflow; no sequence fits on one GPU"
+        if self.overflow == "kv cache":
+            return f"{sizes}: the KV cache overflows; " + (
+                f"at most {seqs}" if self.max_batch else f"not even one sequence of {self.context_len} tokens fits"
+            )
+        return (
+            f"{sizes}: fits, {self.total_bytes / self.usable_bytes:.0%} full (activations not counted); at most {seqs}"
+        )
+
+
+def fits_in_memory(
+    model, gpu, batch: int, context_len: int, dtype: str = "bf16", kv_dtype: str | None = None, usable: float = 0.9
+) -> Capacity:
+    """Capacity check for ``batch`` sequences each holding ``context_len`` tokens of KV cache beside
+    ``model``'s weights (a ``ModelShape`` or preset name) on one ``gpu`` (a name or ``GpuSpec``).
+    Returns a ``Capacity``; its ``str`` says what overflows and how many sequences would fit.
+    ``usable``: the share of the memory an engine may fill (vLLM's ``gpu_memory_utilization`` default,
+    0.9; the rest holds the CUDA context, activations and allocator slack)."""
+    check_positive_int("batch", batch)
+    if isinstance(usable, bool) or not isinstance(usable, (int, float)) or not 0 < usable <= 1:
+        raise ValueError(f"usable must be a fraction in (0, 1], got {usable!r}")
+    check_positive_int("context_len", context_len)
+    shape, spec = _shape(model), _spec(gpu)
+    weights = weight_bytes(shape, dtype)
+    per_seq = kv_bytes_per_token(shape, kv_dtype or dtype) * context_len
+    memory = device_bytes(spec)
+    max_batch = max(0, int((memory * usable - weights) // per_seq))
+    return Capacity(shape.name, spec.name, batch, context_len, weights, per_seq * batch, memory, max_batch, usable)
+
+
 # ----------------------------------------------------------------------------- LLM phases
 @dataclass(frozen=True)
 class PhaseEstimate:
@@ -164,7 +262,8 @@ class PhaseEstimate:
 
 @dataclass(frozen=True)
 class PhaseReport:
-    """Decode and prefill of ``model`` on ``gpu`` at ``batch``: what the explorer shows."""
+    """Decode and prefill of ``model`` on ``gpu`` at ``batch``: what the explorer shows. ``dtype`` sizes
+    the weights and KV cache; ``compute_dtype`` picks the roof (the same unless the chip lacks ``dtype``)."""
 
     gpu: str
     model: str
@@ -176,13 +275,22 @@ class PhaseReport:
     decode: PhaseEstimate
     prefill: PhaseEstimate
     batch_at_ridge: int | None
-    weights_gb: float
-    fits_in_memory: bool
+    capacity: Capacity
+    compute_dtype: str = ""
+
+    @property
+    def weights_gb(self) -> float:
+        return self.capacity.weights_bytes / 1e9
+
+    @property
+    def fits_in_memory(self) -> bool:
+        return self.capacity.fits
 
     def __str__(self) -> str:
+        roof_dtype = f" ({self.compute_dtype} roof)" if self.compute_dtype not in ("", self.dtype) else ""
         lines = [
-            f"{self.model} {self.dtype} on {self.gpu}: ridge {self.roof.ridge:.0f} FLOP/byte, "
-            f"weights {self.weights_gb:.1f} GB" + ("" if self.fits_in_memory else " (do NOT fit in one GPU)")
+            f"{self.model} {self.dtype} on {self.gpu}{roof_dtype}: ridge {self.roof.ridge:.0f} FLOP/byte",
+            f"  memory: {self.capacity}",
         ]
         for est, what in (
             (self.decode, f"decode (batch {self.batch}, context {self.context_len})"),
@@ -212,7 +320,7 @@ def batch_to_reach(
     """Smallest batch whose decode step intensity reaches ``ridge`` (None if not by ``max_batch``,
     e.g. when a long context's KV cache grows as fast as the FLOPs do)."""
     _positive("ridge", ridge)
-    shape = model if isinstance(model, ModelShape) else ModelShape.from_name(model)
+    shape = _shape(model)
     if decode_intensity(shape, context_len, max_batch, dtype) < ridge:
         return None
     lo, hi = 1, max_batch  # intensity grows with batch: bisect
@@ -226,15 +334,25 @@ def batch_to_reach(
 
 
 def llm_phases(
-    gpu: str, model: str, *, batch: int = 1, dtype: str = "bf16", prompt_len: int = 512, context_len: int = 512
+    gpu: str,
+    model: str,
+    *,
+    batch: int = 1,
+    dtype: str = "bf16",
+    prompt_len: int = 512,
+    context_len: int = 512,
+    compute_dtype: str | None = None,
 ) -> PhaseReport:
     """Predict where ``model``'s decode step (batch sequences each adding one token to a
-    ``context_len`` cache) and prefill (batch × prompt_len tokens) land on ``gpu``'s datasheet roof."""
+    ``context_len`` cache) and prefill (batch × prompt_len tokens) land on ``gpu``'s datasheet roof.
+    Weights and KV cache are stored in ``dtype``; the roof is that of ``compute_dtype`` (default:
+    ``dtype``; e.g. fp8 weights on an A100, which computes them in bf16)."""
     check_positive_int("batch", batch)
     check_positive_int("prompt_len", prompt_len)
     check_positive_int("context_len", context_len)
-    roof = Roof.from_spec(gpu, dtype)
-    shape = ModelShape.from_name(model)
+    compute_dtype = compute_dtype or dtype
+    roof = Roof.from_spec(gpu, compute_dtype)
+    shape = _shape(model)
     decode = _estimate(
         "decode",
         decode_flops(shape, context_len, batch),
@@ -242,15 +360,16 @@ def llm_phases(
         batch,
         roof,
     )
-    prefill_bytes = weight_bytes(shape, dtype) + kv_bytes_per_token(shape, dtype) * prompt_len * batch
-    prefill = _estimate("prefill", prefill_flops(shape, prompt_len, batch), prefill_bytes, batch * prompt_len, roof)
-    from course_lib.hardware import gpu_spec
-
-    spec = gpu_spec(gpu)
-    weights = weight_bytes(shape, dtype)
-    kv = kv_bytes_per_token(shape, dtype) * max(context_len, prompt_len) * batch
+    prefill = _estimate(
+        "prefill",
+        prefill_flops(shape, prompt_len, batch),
+        prefill_step_bytes(shape, prompt_len, batch, dtype),
+        batch * prompt_len,
+        roof,
+    )
+    capacity = fits_in_memory(shape, gpu, batch, max(context_len, prompt_len), dtype)
     return PhaseReport(
-        spec.name,
+        capacity.gpu,
         shape.name,
         dtype,
         batch,
@@ -260,8 +379,8 @@ def llm_phases(
         decode,
         prefill,
         batch_to_reach(roof.ridge, shape, context_len=context_len, dtype=dtype),
-        weights / 1e9,
-        weights + kv <= spec.memory_gb * 1e9,
+        capacity,
+        compute_dtype,
     )
 
 
@@ -269,9 +388,13 @@ def llm_phases(
 def prefill_time(
     shape: ModelShape, n_tokens: int, peak_flops: float, bandwidth: float, dtype: str = "fp32", batch: int = 1
 ) -> float:
-    """Roofline lower bound of a prefill: max(FLOPs / peak, (weights + KV written) / bandwidth)."""
-    moved = weight_bytes(shape, dtype) + kv_bytes_per_token(shape, dtype) * n_tokens * batch
-    return min_time(prefill_flops(shape, n_tokens, batch), moved, peak_flops, bandwidth)
+    """Roofline lower bound of a prefill: max(FLOPs / peak, (weights streamed + KV written) / bandwidth)."""
+    return min_time(
+        prefill_flops(shape, n_tokens, batch),
+        prefill_step_bytes(shape, n_tokens, batch, dtype),
+        peak_flops,
+        bandwidth,
+    )
 
 
 def decode_time(
@@ -291,7 +414,7 @@ def output_input_ratio(
     shape: ModelShape, peak_flops: float, bandwidth: float, dtype: str = "bf16", context_len: int = 1
 ) -> float:
     """The roofline's answer to "one output token costs as much as how many input tokens?":
-    a batch-1 decode step (reads every weight: bytes / bandwidth) over one compute-bound prefill token
+    a batch-1 decode step (streams the weights: bytes / bandwidth) over one compute-bound prefill token
     (2 · params FLOPs / peak). About bytes-per-param / 2 × the ridge point."""
     per_input = prefill_flops(shape, 1) / peak_flops
     return decode_time(shape, context_len, peak_flops, bandwidth, dtype) / per_input
@@ -304,3 +427,131 @@ def generation_flops(shape: ModelShape, prompt_len: int, new_tokens: int, batch:
     return prefill_flops(shape, prompt_len, batch) + sum(
         decode_flops(shape, prompt_len + i, batch) for i in range(1, new_tokens)
     )
+
+
+# ----------------------------------------------------------------------------- training vs inference
+ADAM_STATE_BYTES = 24.0  # per parameter: fp32 master weight, Adam m and v, each read and written once a step
+
+
+def training_step_bytes(shape: ModelShape, dtype: str = "bf16") -> float:
+    """Least bytes one mixed-precision Adam step moves, activations ignored: weights read in the forward
+    and again in the backward pass, gradients written and read back by the optimizer, new weights
+    written (5 × bytes per parameter), plus ``ADAM_STATE_BYTES``: 34 B/parameter in bf16."""
+    return param_count(shape) * (5 * dtype_bytes(dtype) + ADAM_STATE_BYTES)
+
+
+@dataclass(frozen=True)
+class MfuBound:
+    """A step's arithmetic intensity against a GPU's ridge: the highest MFU the roofline allows it."""
+
+    phase: str
+    flops: float
+    bytes: float
+    ridge: float
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes
+
+    @property
+    def mfu_bound(self) -> float:
+        """min(1, intensity / ridge): left of the ridge the step cannot keep the compute units busy."""
+        return min(1.0, self.intensity / self.ridge)
+
+    def __str__(self) -> str:
+        return f"{self.phase}: {self.intensity:,.1f} FLOP/byte vs ridge {self.ridge:.0f} -> MFU <= {self.mfu_bound:.1%}"
+
+
+def training_vs_inference(
+    model,
+    gpu,
+    *,
+    seq_len: int = 2048,
+    seqs: int = 16,
+    decode_batch: int = 1,
+    context_len: int = 512,
+    dtype: str = "bf16",
+) -> tuple[MfuBound, MfuBound]:
+    """Why training reaches a higher MFU than inference: the MFU ceiling of one training step over
+    ``seqs`` × ``seq_len`` tokens (forward + backward = 3 × a prefill's FLOPs, i.e. 6·N per token plus
+    attention, over ``training_step_bytes``) and of one decode step at ``decode_batch``, on ``gpu``'s
+    datasheet roof in ``dtype``. A training step reuses each weight for every token of the batch; a
+    decode step for one token per sequence."""
+    shape, spec = _shape(model), _spec(gpu)
+    ridge = spec.ridge(dtype)
+    train = MfuBound(
+        f"training step ({seqs} x {seq_len} tokens)",
+        3 * prefill_flops(shape, seq_len, seqs),
+        training_step_bytes(shape, dtype),
+        ridge,
+    )
+    decode = MfuBound(
+        f"decode step (batch {decode_batch}, context {context_len})",
+        decode_flops(shape, context_len, decode_batch),
+        decode_step_bytes(shape, context_len, decode_batch, dtype),
+        ridge,
+    )
+    return train, decode
+
+
+# ----------------------------------------------------------------------------- more chips or faster memory
+@dataclass(frozen=True)
+class DecodeOption:
+    """The roofline floor of one decode step on ``chips`` × ``gpu`` with tensor parallelism."""
+
+    gpu: str
+    chips: int
+    batch: int
+    bytes_per_chip: float  # read per step
+    flops_per_chip: float
+    seconds: float
+    bound: str
+    fits: bool  # weights / chips + this chip's KV cache within one chip's memory
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batch / self.seconds
+
+    def __str__(self) -> str:
+        return (
+            f"{self.chips} x {self.gpu}: {self.bytes_per_chip / 1e9:.2f} GB per chip per step -> "
+            f">= {self.seconds * 1e3:.2f} ms ({self.bound}), <= {self.tokens_per_s:,.0f} tok/s in all"
+            + ("" if self.fits else "; does NOT fit in memory")
+        )
+
+
+def decode_time_options(
+    model,
+    gpus=("H100 SXM", "H200 SXM"),
+    *,
+    batch: int = 1,
+    context_len: int = 512,
+    chips=(1, 2, 4, 8),
+    dtype: str = "bf16",
+    kv_dtype: str | None = None,
+) -> list[DecodeOption]:
+    """More chips or faster-memory chips? The decode-step floor of ``model`` on n of each GPU in
+    ``gpus``, for each n in ``chips``. Tensor parallelism splits every weight matrix and the KV heads n
+    ways (a KV head is replicated when n > num_kv_heads), so each chip reads and computes its share.
+    Communication (two all-reduces per layer) is ignored: real multi-chip steps are slower than this."""
+    check_positive_int("batch", batch)
+    check_positive_int("context_len", context_len)
+    shape = _shape(model)
+    weights_read = weights_read_per_step(shape, batch, dtype)
+    kv = kv_bytes_per_token(shape, kv_dtype or dtype) * context_len * batch
+    flops = decode_flops(shape, context_len, batch)
+    rows = []
+    for gpu in [gpus] if isinstance(gpus, str) else gpus:
+        spec = _spec(gpu)
+        peak, bw = spec.peak_flops(dtype), spec.bandwidth
+        for n in chips:
+            check_positive_int("chips", n)
+            if shape.num_heads % n:
+                raise ValueError(f"chips ({n}) must divide num_heads ({shape.num_heads}) for tensor parallelism")
+            kv_share = -(-shape.num_kv_heads // n) / shape.num_kv_heads  # ceil(kv_heads / n) heads per chip
+            moved = weights_read / n + kv * kv_share
+            held = weight_bytes(shape, dtype) / n + kv * kv_share
+            seconds = min_time(flops / n, moved, peak, bw)
+            kind = "memory-bound" if moved / bw >= flops / n / peak else "compute-bound"
+            rows.append(DecodeOption(spec.name, n, batch, moved, flops / n, seconds, kind, held <= device_bytes(spec)))
+    return rows

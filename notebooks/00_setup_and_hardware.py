@@ -39,20 +39,8 @@ if "google.colab" in sys.modules:
             check=True,
         )
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "/content/course"], check=True)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "transformers>=4.56",
-            "tokenizers>=0.20",
-            "safetensors>=0.4",
-            "psutil>=5.9",
-        ],
-        check=True,
-    )
+    deps = ["transformers>=4.56", "tokenizers>=0.20", "safetensors>=0.4", "psutil>=5.9"]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *deps], check=True)
     os.environ["COURSE_ROOT"] = "/content/course"
 
 # %% [markdown]
@@ -80,6 +68,7 @@ import transformers
 
 import course_lib  # sets TRITON_INTERPRET=1 when there is no CUDA GPU
 from course_lib import bench, costs, hardware, plots, roofline
+from course_lib.claims import claim, compare_prediction
 from course_lib.kernels import HAS_TRITON, interpreter_on
 from course_lib.report import record
 
@@ -106,8 +95,8 @@ print(
 #
 # *Claim:* a chip has two ceilings — peak FLOP/s (per dtype: tensor cores run bf16/fp16/fp8 much faster
 # than fp32) and memory bandwidth. The course keeps the datasheet figures in `data/gpu_specs.json`, each
-# with its source; those marked ANCHORS.md match the course's reference table, the others say where they
-# come from. Dense figures only: NVIDIA's headline numbers often assume 2:4 sparsity, which is twice as high.
+# with its source (the vendor's datasheet, with its date; `data/README.md` lists every external figure
+# the course quotes). Dense figures only: NVIDIA's headline numbers often assume 2:4 sparsity, which is twice as high.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -139,7 +128,10 @@ except ValueError as err:
 # (the "ridge") where the sloped bandwidth roof meets the flat compute roof.
 #
 # *Predict* before reading on, from the H100 row of the table above (about a thousand bf16 TFLOP/s, a few
-# TB/s): how many FLOPs must a kernel do per byte to keep its tensor cores busy?
+# TB/s): how many FLOPs must a kernel do per byte to keep its tensor cores busy? Write it down:
+
+# %%
+my_ridge_prediction = None  # FLOP per byte, e.g. 3 or 300
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -147,11 +139,12 @@ h100 = hardware.gpu_spec("H100 SXM")
 by_hand = (h100.tflops["bf16"] * 1e12) / (h100.hbm_tbps * 1e12)
 print(
     f"H100 bf16: {h100.tflops['bf16']:g} TFLOP/s / {h100.hbm_tbps:g} TB/s = {by_hand:.0f} FLOP/byte "
-    f"(spec.ridge(): {h100.ridge('bf16'):.0f}; source: {h100.source.split(';')[0]})"
+    f"(spec.ridge(): {h100.ridge('bf16'):.0f}; source: {h100.source.split(',')[0]})"
 )
 for name in ("H200 SXM", "A100 80GB SXM", "L4", "RTX 4090"):
     print(f"{name:<14} bf16 ridge {hardware.gpu_spec(name).ridge('bf16'):6.0f} FLOP/byte")
 print(f"{'T4':<14} fp16 ridge {hardware.gpu_spec('T4').ridge('fp16'):6.0f} FLOP/byte (the T4 has no bf16)")
+compare_prediction("H100 bf16 ridge (FLOP/byte)", my_ridge_prediction, theory=h100.ridge("bf16"))
 
 # %% [markdown]
 # Hundreds of FLOPs per byte. Keep that in mind: in chapter 01 we will find that generating one token at
@@ -170,10 +163,13 @@ print(f"datasheet entry for this device: {spec.name if spec else None}")
 
 
 # %% [markdown]
-# **Predict the compute ceiling.** For a CPU we can reason from its vector instructions (ANCHORS.md:
-# AVX2+FMA gives 32 fp32 FLOP per cycle per core, AVX-512 with two FMA units 64): cores in use ×
-# clock × FLOP/cycle. The clock is the nominal one the OS reports: turbo can lift a real run above this
-# estimate, throttling and other jobs push it below. On a GPU the datasheet plays this role.
+# **Predict the compute ceiling.** For a CPU we can reason from its vector instructions: an AVX2 core
+# with two FMA units does 2 units × 8 fp32 lanes × 2 FLOPs = 32 fp32 FLOP per cycle, an AVX-512 core with
+# two FMA units 64 (Intel and AMD optimisation manuals). Ceiling = physical cores in use × clock ×
+# FLOP/cycle. Hyper-threads share a core's FMA units, so they do not count. The cell says which clock it
+# found: the maximum (turbo) clock where the OS exposes it, else the current one. Turbo on all cores is
+# often lower than the single-core maximum, and other jobs take cycles, so a measured matmul usually
+# lands below this estimate. On a GPU the datasheet plays this role.
 
 
 # %%
@@ -181,17 +177,17 @@ print(f"datasheet entry for this device: {spec.name if spec else None}")
 def ceiling(dt):  # predicted compute ceiling: ISA estimate (fp32 on a CPU) or the datasheet (GPU)
     if device.kind == "cpu":
         return hardware.cpu_theoretical_flops() if dt == "fp32" else None
-    return spec.peak_flops(dt) if spec else None
+    return spec.peak_flops(dt, missing="none") if spec else None  # None: the chip lacks this dtype (bf16 on a T4)
 
 
-MAIN = "fp32" if device.kind == "cpu" else "bf16"  # the dtype this device is fast at
+MAIN = hardware.preferred_dtype(device)  # fp32 on a CPU; bf16 on a GPU that has it, else fp16 (T4)
 theory_flops = ceiling(MAIN)
 if theory_flops:
     print(
         f"theoretical peak: {theory_flops / 1e9:,.0f} GFLOP/s "
         + (
-            f"= {min(device.cores, torch.get_num_threads())} core(s) x {device.mhz:.0f} MHz x "
-            f"{hardware.flop_per_cycle(device)} FLOP/cycle (ISA: {', '.join(device.isa)})"
+            f"= {min(device.core_count, torch.get_num_threads())} physical core(s) x {device.mhz:.0f} MHz "
+            f"({device.clock_note}) x {hardware.flop_per_cycle(device)} FLOP/cycle (ISA: {', '.join(device.isa)})"
             if device.kind == "cpu"
             else f"(datasheet {MAIN})"
         )
@@ -200,8 +196,8 @@ else:
     print("no theoretical peak for this device: measurement only")
 
 # %% [markdown]
-# **Predict the bytes.** Bandwidth has no such formula for a CPU (ANCHORS.md: "DRAM bandwidth varies
-# widely by machine — measure it"), but we can be exact about what we *count*. Like the STREAM benchmark we
+# **Predict the bytes.** Bandwidth has no such formula for a CPU (it depends on the memory channels
+# populated, their speed, and what else is running: measure it), but we can be exact about what we *count*. Like the STREAM benchmark we
 # count every byte the program reads or writes: copy `b = a` moves two arrays, triad `a = b + s·c` three,
 # and does 2 FLOPs per element. (A CPU also reads the destination line before writing it — "write
 # allocate" — so it really moves a bit more than we count; STREAM and we both ignore that.)
@@ -214,11 +210,16 @@ for cost in (costs.copy_cost(1), costs.triad_cost(1)):
         f"intensity {cost.intensity:.3f} FLOP/byte"
     )
 n_bytes = hardware.default_array_bytes()
-llc = device.cache_bytes or 0
-print(
-    f"array size: {n_bytes / 2**20:.0f} MiB each = {n_bytes / max(llc, 1):.0f}x the last-level cache "
-    f"({llc / 2**20:.0f} MiB), so every pass goes to main memory"
-)
+llc = device.cache_bytes
+if llc:
+    print(
+        f"array size: {n_bytes / 2**20:.0f} MiB each = {n_bytes / llc:.0f}x the last-level cache "
+        f"({llc / 2**20:.0f} MiB), so every pass goes to main memory"
+    )
+else:
+    print(
+        f"array size: {n_bytes / 2**20:.0f} MiB each (last-level cache size unknown here: large enough for most CPUs)"
+    )
 
 # %% [markdown]
 # ### One way to time things
@@ -271,14 +272,22 @@ else:
 # %% [markdown]
 # ### Measure the peaks
 #
-# `hardware.measured_peaks()` runs STREAM copy and triad and an n×n×n matmul per dtype (fp32 and bf16 on
-# a CPU; fp16, bf16 and fp32 on a GPU), and caches the result for the session (`hardware.reset()` forgets
-# it). Like STREAM, a peak is the best of the repeats: noise can only slow a run down.
+# *Your prediction first:* the memory bandwidth of this machine, in GB/s. A laptop or a cloud vCPU
+# slice has a few channels of DDR memory; a GPU has HBM or GDDR (the table above).
+#
+# `hardware.machine_peaks()` runs STREAM copy and triad and an n×n×n matmul per dtype (fp32 and bf16 on
+# a CPU; fp16, bf16 and fp32 on a GPU — bf16 only where the chip has it). Like STREAM, a peak is the best
+# of the repeats: noise can only slow a run down. The result is **cached per machine** in
+# `~/.cache/course_lib/peaks.json`, so every later chapter draws the same roof and ridge; a chapter opened
+# first (as on Colab) measures them itself. This chapter re-measures (`refresh=True`): set
+# `REMEASURE = False` to reuse the cached numbers.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-hardware.reset()
-peaks = hardware.measured_peaks()
+my_bandwidth_gbs = None  # your guess, GB/s
+REMEASURE = True
+peaks = hardware.machine_peaks(refresh=REMEASURE)
+print(peaks.provenance)
 print(f"STREAM copy : {peaks.copy_gbs:7.2f} GB/s   (arrays of {peaks.array_bytes / 2**20:.0f} MiB)")
 print(f"STREAM triad: {peaks.triad_gbs:7.2f} GB/s")
 for dt, tf in peaks.matmul_tflops.items():
@@ -288,6 +297,7 @@ for dt, tf in peaks.matmul_tflops.items():
     )
 for dt in peaks.matmul_tflops:
     print(f"ridge point ({dt}): {peaks.ridge(dt):.2f} FLOP/byte")
+compare_prediction("memory bandwidth (GB/s)", my_bandwidth_gbs, measured=peaks.bandwidth / 1e9)
 
 # %% [markdown]
 # ## 4 · The roofline of this machine, next to real GPUs
@@ -322,18 +332,33 @@ plt.show()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-fp32, bf16 = peaks.matmul_tflops["fp32"], peaks.matmul_tflops["bf16"]
+fp32 = peaks.matmul_tflops["fp32"]
+half = "bf16" if "bf16" in peaks.matmul_tflops else "fp16"  # a T4 has fp16, not bf16
 if theory_flops:
     print(f"{MAIN} matmul reached {peaks.matmul_tflops[MAIN] * 1e12 / theory_flops:.0%} of the predicted ceiling")
-print(f"bf16 matmul runs at {bf16 / fp32:.3g}x the speed of fp32 on this device")
+print(f"{half} matmul runs at {peaks.matmul_tflops[half] / fp32:.3g}x the speed of fp32 on this device")
 print(f"triad / copy bandwidth: {peaks.triad_gbs / peaks.copy_gbs:.2f}")
+native = device.kind == "cuda" or bool({"avx512_bf16", "amx_bf16"} & set(device.isa))
+half_faster = claim(
+    f"{half} matmuls run faster than fp32 here",
+    peaks.matmul_tflops[half] / fp32,
+    at_least=1.0,
+    why_not=(
+        "this CPU has native bf16 instructions, but the matmul library did not use them for this shape"
+        if native
+        else "no native bf16 instructions (avx512_bf16 / amx_bf16) on this CPU: torch converts every value "
+        "and runs an unvectorised fallback"
+    ),
+)
 
 # %% [markdown]
-# * *Compute.* The ISA estimate assumes every core issues two full-width FMAs every cycle at the nominal
-#   clock; a real matmul also loads, packs and stores, and on a shared machine other jobs take cycles —
-#   while turbo can raise the clock, so a measurement a little *above* the estimate is possible too. bf16 on a CPU without native bf16 instructions (look for
-#   `avx512_bf16`/`amx_bf16` in the ISA list) is *slower* than fp32: each value is converted to fp32 first.
-#   On a GPU the opposite holds — tensor cores make bf16 many times faster than fp32.
+# * *Compute.* The ISA estimate assumes every core issues two full-width FMAs every cycle at the clock
+#   printed above; a real matmul also loads, packs and stores, and on a shared machine other jobs take
+#   cycles. Where only the current clock was readable, a measurement a little *above* the estimate is
+#   possible too. Half precision depends on the hardware, so the verdict above is this machine's: on a
+#   CPU with native bf16 instructions (`avx512_bf16`, `amx_bf16` in the ISA list) bf16 halves the bytes
+#   and can beat fp32; without them torch converts each value and runs a fallback that can be many times
+#   *slower*. On a GPU, tensor cores make bf16/fp16 many times faster than fp32.
 # * *Bandwidth.* On a CPU, triad tends to report somewhat more GB/s than copy: both hide an uncounted
 #   write-allocate read, a larger share of copy's traffic (1 extra per 2 counted) than of triad's (1 per 3).
 #   A ratio far from that on a shared machine is noise from other jobs — rerun the cell.
@@ -422,6 +447,42 @@ ch00.check_weight_read_ms(answer, model="llama-2-7b", gpu="H200 SXM")
 # `answer = weight_bytes(ModelShape.from_name("llama-2-7b"), "bf16") / hardware.gpu_spec("H200 SXM").bandwidth * 1e3`
 # — the weights' bytes over the datasheet bandwidth. Its inverse is the batch-1 ceiling in tokens per second; chapter 01 asks
 # why no amount of compute can beat it.
+# </details>
+#
+# **Exercise 4 (re-measure).** The STREAM arrays above were made larger than the last-level cache on
+# purpose. Change the experiment: run the triad over arrays of 1 MiB each, which stay in the cache
+# (`hardware.measure_bandwidth("triad", n_bytes=2**20)`), and give its best rate as a multiple of the
+# DRAM triad (`peaks.triad_gbs`). The check measures both again and accepts your number within 35%.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+answer = None  # a ratio, e.g. 1.0 if the cache were no faster
+ch00.check_cache_speedup(answer, n_bytes=2**20)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# ```python
+# small = hardware.measure_bandwidth("triad", n_bytes=2**20)
+# answer = small.rate(small.bytes, best=True) / (peaks.triad_gbs * 1e9)
+# ```
+# On most CPUs the cache is several times faster than DRAM. Chapter 02 meets the consequence: a model
+# whose weights fit in the cache can stream them faster than the DRAM roof.
+# </details>
+#
+# **Exercise 5 (your peaks).** Using this machine's measured bandwidth (`peaks.bandwidth`, in bytes/s),
+# what is the least time, in ms, to read 1 GB once? That is the floor under a decode step of a model
+# with 1 GB of weights on this machine.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+answer = None  # milliseconds
+ch00.check_stream_time_ms(answer, bandwidth=peaks.bandwidth, n_bytes=1e9)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `answer = 1e9 / peaks.bandwidth * 1e3`.
 # </details>
 #
 # ## Summary

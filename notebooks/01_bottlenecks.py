@@ -39,20 +39,8 @@ if "google.colab" in sys.modules:
             check=True,
         )
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "/content/course"], check=True)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "transformers>=4.56",
-            "tokenizers>=0.20",
-            "safetensors>=0.4",
-            "psutil>=5.9",
-        ],
-        check=True,
-    )
+    deps = ["transformers>=4.56", "tokenizers>=0.20", "safetensors>=0.4", "psutil>=5.9"]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *deps], check=True)
     os.environ["COURSE_ROOT"] = "/content/course"
 
 # %% [markdown]
@@ -77,7 +65,9 @@ import matplotlib.pyplot as plt
 import torch
 
 import course_lib  # sets TRITON_INTERPRET=1 when there is no CUDA GPU
-from course_lib import bench, costs, hardware, phases, plots
+from course_lib import bench, costs, hardware, phases, plots, profiling, references, roofline, transfer
+from course_lib.claims import claim, compare_prediction
+from course_lib.dtypes import torch_dtype
 from course_lib.kernels import intensity as ik
 from course_lib.kernels import interpreter_on
 from course_lib.models import accounting
@@ -87,7 +77,7 @@ from course_lib.roofline import Point, Roof, batch_to_reach, llm_phases, min_tim
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
-DT = "bf16" if CUDA else "fp32"  # the dtype each device is fast at (bf16 is emulated on most CPUs)
+DT = hardware.preferred_dtype()  # fp32 on a CPU; bf16 on a GPU that has it, fp16 on a T4
 if not CUDA:  # on a shared machine, time with the cores that are actually free (see hardware.timing_threads)
     torch.set_num_threads(hardware.timing_threads())
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}; working dtype {DT}")
@@ -108,16 +98,18 @@ if not CUDA:
 # The roofline draws this: attainable FLOP/s = min(peak, intensity × bandwidth), with the corner — the
 # *ridge point* — at the hardware arithmetic intensity.
 #
-# A published measurement (ANCHORS.md, from the gpt-fast README: Llama-2-7B in fp16 at batch 1 on an
-# A100-80GB, power-limited to 330 W) shows where decode sits. How much of the A100's compute and of its
-# bandwidth does it use?
+# A published measurement shows where decode sits: the gpt-fast README's Llama-2-7B in fp16 at batch 1
+# on an A100-80GB (the cell prints the citation; `data/references.json` holds it with its source and
+# date). How much of the A100's compute and of its bandwidth does it use?
 
 # %%
 # NBVAL_CHECK_OUTPUT
-GPT_FAST_TOK_S = 104.9  # ANCHORS.md, gpt-fast README: Llama-2-7B fp16, batch 1, A100-80GB
+print(references.cite("gpt_fast_llama2_7b_fp16_tok_s", link=False))
+GPT_FAST_TOK_S = references.reference("gpt_fast_llama2_7b_fp16_tok_s").value
 a100, llama7b = hardware.gpu_spec("A100 80GB SXM"), accounting.ModelShape.from_name("llama-2-7b")
 flops_used = accounting.decode_flops(llama7b, 1) * GPT_FAST_TOK_S
-bytes_used = accounting.weight_bytes(llama7b, "fp16") * GPT_FAST_TOK_S
+# a decode step streams every weight matrix and one row of the embedding table per sequence
+bytes_used = accounting.weights_read_per_step(llama7b, 1, "fp16") * GPT_FAST_TOK_S
 print(
     f"compute:   {flops_used / 1e12:5.2f} TFLOP/s of {a100.tflops['fp16']:g} = {flops_used / a100.peak_flops('fp16'):.2%}"
 )
@@ -129,7 +121,8 @@ print(f"bandwidth: {bytes_used / 1e9:5.0f} GB/s of {a100.hbm_tbps * 1e3:g} = {by
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-peaks = hardware.measured_peaks()
+peaks = hardware.machine_peaks()  # cached per machine: the same roof as chapter 00 (refresh=True re-measures)
+print(peaks.provenance)
 roof = Roof.from_measured(peaks, DT, f"this machine {DT} (measured)")
 print(f"measured: {peaks.bandwidth / 1e9:.1f} GB/s, {roof.peak_flops / 1e9:.1f} GFLOP/s {DT} matmul")
 print(f"ridge point (hardware arithmetic intensity): {roof.ridge:.2f} FLOP/byte")
@@ -169,7 +162,7 @@ for m, c in mm_costs.items():
 # %%
 # NBVAL_IGNORE_OUTPUT
 gen = torch.Generator(device=DEV).manual_seed(0)
-w = torch.randn(n, n, generator=gen, device=DEV).to(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[DT]))
+w = torch.randn(n, n, generator=gen, device=DEV).to(torch_dtype(DT))
 mm_timings = {}
 for m, c in mm_costs.items():
     x = torch.randn(m, n, generator=gen, device=DEV).to(w.dtype)  # (m, n) activations
@@ -210,10 +203,17 @@ print(
     f"GEMM (m={ms[-1]}): {gemm.gflops:.1f} GFLOP/s = {gemm.gflops * 1e9 / roof.peak_flops:.0%} of the "
     f"measured matmul peak; {gemm.gflops / gemv.gflops:.0f}x the GEMV's FLOP/s on the same weights"
 )
+gemm_on_roof = claim(
+    f"the m={ms[-1]} GEMM reaches the flat roof (half the measured matmul peak or more)",
+    gemm.gflops * 1e9 / roof.peak_flops,
+    at_least=0.5,
+    why_not="in quick mode the largest m is small; the library may also pick a slower algorithm for this shape",
+)
 
 # %% [markdown]
 # *Explain the gap.* The GEMV sits on the sloped part of the roof: its speed is the memory bandwidth
-# times its intensity, and more arithmetic units would not help. The big GEMM reaches the flat part.
+# times its intensity, and more arithmetic units would not help. The big GEMM should reach the flat part;
+# the verdict above says whether it did here.
 # Points can land slightly *above* the measured roof at small m: the roof is the best rate of one
 # STREAM run, and a matmul's reads may be prefetched better. Points well below it at medium m show the
 # library switching algorithms — a roofline is a ceiling, not a prediction of the exact value.
@@ -299,18 +299,119 @@ print(
 )
 
 # %% [markdown]
-# *Explain the gap.* The shape is the roofline's: while k is small, more arithmetic costs almost
-# nothing (the time is set by the bytes), and past the ridge the FLOP/s stop growing. The heights
-# differ from the roof, and why depends on the path:
+# *Verdict.* The roofline predicts two things for this sweep: the FLOP/s stop growing once k passes the
+# ridge (k ≈ 4 × ridge, since fp32 intensity is k/4), and the plateau sits at the compute roof. Did that
+# happen on this machine?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+gf = {k: t.gflops for k, t in sweep}
+k_flat = min(k for k in ks if gf[k] >= 0.8 * max(gf.values()))  # where the curve levels off
+k_ridge = 4 * roof32.ridge
+print(f"the sweep levels off at k = {k_flat}; the ridge is at k ≈ {k_ridge:.0f}")
+flat_near_ridge = claim(
+    "the FLOP/s level off near the ridge",
+    k_flat / k_ridge,
+    at_least=0.5,
+    at_most=2,
+    why_not="the points are not limited by this roof at all: see the per-op measurement below",
+)
+plateau_on_roof = claim(
+    "the plateau reaches the compute roof",
+    best[1].gflops * 1e9 / roof32.peak_flops,
+    at_least=0.5,
+    why_not="separate multiply and add passes cannot run like a matmul's fused multiply-adds in registers",
+)
+
+# %% [markdown]
+# On a GPU the Triton kernel keeps `y` in registers and both verdicts should hold. On a CPU the timed
+# path is the torch fallback: per chunk it issues 2·k + 2 separate torch ops (copy in, k multiplies and
+# k adds, copy out), each one a pass over the chunk in cache. If each op costs a fixed few microseconds
+# however small it is, the sweep measures op dispatch, not this roof. That is a third regime.
 #
-# * On a CPU the timed path is the torch fallback. Each chunk costs a few torch op launches (copy in,
-#   k multiply and k add passes, copy out), each a pass over the chunk in cache, so at small k the fixed
-#   per-chunk cost, not DRAM, sets the time and the points sit below the bandwidth roof. At large k the
-#   ceiling is how fast separate elementwise multiply and add passes run — far below a matmul, which keeps
-#   operands in registers and issues fused multiply-adds. A roof is specific to the instruction mix that
-#   reached it.
-# * On a GPU the Triton kernel keeps `y` in registers; it gets close to the bandwidth roof at small k and
-#   to the fp32 (CUDA-core) roof at large k.
+# ### 3b · The third regime: overhead-bound
+#
+# Horace He (*Making Deep Learning Go Brrrr From First Principles*) names three regimes: compute-bound,
+# bandwidth-bound, and **overhead-bound**, where the time goes to everything that is not the math:
+# the Python interpreter, the framework's dispatcher, a GPU kernel launch. No roofline shows it, because
+# it depends on the number of ops, not on FLOPs or bytes.
+#
+# *Predict first.* How long does `c = a + b` take on tensors of **one** element (one FLOP, 12 bytes)?
+# Write your guess in microseconds before running the next cells.
+
+# %%
+my_prediction_us = None  # e.g. 0.001 (a nanosecond) or 10 — your guess for one 1-element add, in µs
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+op_sizes = [4**i for i in range(0, 13)]  # 1 element ... 16.8 M elements (64 MiB per fp32 array)
+op_t = profiling.op_size_sweep(op_sizes, device=DEV, dtype="fp32", repeats=course_lib.pick(10, 30))
+per_op = min(t.median_s for t in op_t[:3])  # the floor: the fastest of the three smallest ops
+crossover = per_op * peaks.bandwidth  # bytes an op must move before bandwidth, not overhead, sets its time
+for n_el, t in zip(op_sizes, op_t):
+    print(f"{n_el:>11,} elements ({t.bytes / 1e3:>10,.1f} KB moved): {t.median_s * 1e6:9.2f} us, {t.gbps:6.1f} GB/s")
+compare_prediction(
+    "one 1-element add (µs)", my_prediction_us, theory=12 / peaks.bandwidth * 1e6, measured=op_t[0].median_s * 1e6
+)
+print(
+    f"per-op floor {per_op * 1e6:.2f} us x {peaks.bandwidth / 1e9:.1f} GB/s = {crossover / 1e3:.0f} KB: "
+    "an op that moves less than this is overhead-bound"
+)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fig, ax = plt.subplots(figsize=plots.FIGSIZE, dpi=plots.DPI)
+moved = [t.bytes for t in op_t]
+ax.plot(moved, [t.median_s * 1e6 for t in op_t], "o-", label="measured c = a + b")
+ax.plot(moved, [per_op * 1e6] * len(moved), "--", color="tab:red", label=f"overhead floor {per_op * 1e6:.1f} us")
+ax.plot(moved, [b / peaks.bandwidth * 1e6 for b in moved], ":", color="grey", label="bytes / measured bandwidth")
+ax.set(
+    xscale="log",
+    yscale="log",
+    xlabel="bytes moved by the op",
+    ylabel="time per op (us)",
+    title="one elementwise op: overhead-bound, then bandwidth-bound",
+)
+ax.grid(True, which="both", alpha=0.25)
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# *Explain.* Left of the crossover the line is flat: the op costs the same whether it adds one number
+# or a thousand, because the time is the dispatcher's, not the memory's or the ALUs'. Right of it the
+# time follows bytes over bandwidth; between the two, ops that fit in the CPU's caches can run *faster*
+# than the DRAM line. Now the sweep above, predicted from ops alone: each chunk runs k multiply-add
+# pairs on a cache-resident buffer, so time ≈ chunks × k × (one pair on one chunk) + one read and one
+# write of the array from memory.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+chunk = 1 << 16  # the torch path's chunk (course_lib/kernels/intensity.py)
+buf = torch.rand(chunk, device=DEV)
+pair = bench.benchmark(lambda: buf.mul_(0.9).add_(0.1), repeats=course_lib.pick(20, 50), label="one pair, one chunk")
+n_chunks = -(-sweep_n // chunk)
+dram_s = costs.fma_chain_cost(sweep_n, 1).bytes / peaks.bandwidth
+op_model = {k: n_chunks * k * pair.median_s + dram_s for k in ks}
+for k, t in sweep:
+    print(
+        f"k = {k:>3}: measured {t.median_s * 1e3:7.1f} ms, op-count model {op_model[k] * 1e3:7.1f} ms "
+        f"({t.median_s / op_model[k]:.2f}x)"
+    )
+worst = max(max(t.median_s / op_model[k], op_model[k] / t.median_s) for k, t in sweep)
+op_model_ok = claim(
+    "the op-count model predicts the sweep within 2x",
+    worst,
+    at_most=2,
+    why_not="other jobs on this machine, or a CPU whose caches behave differently",
+)
+
+# %% [markdown]
+# Where the verdict holds, the CPU sweep was never a walk along the roofline: it is a count of ops
+# times their cost. That is why production engines fuse ops into one kernel (a Triton kernel, as on the
+# GPU path here; `torch.compile`) and, on a GPU, replay a whole decode step as one CUDA graph: they remove
+# ops, not FLOPs or bytes. Chapter 02 counts the ops of one decode step of the course's engine and
+# multiplies by this per-op cost: for a small model that product, not the roofline, is the floor of the
+# time per output token.
 #
 # ## 4 · A transformer layer: prefill vs decode
 #
@@ -344,11 +445,7 @@ pred_decode = {
     b: (accounting.decode_flops(shape, CTX, b), accounting.decode_step_bytes(shape, CTX, b, DT)) for b in batches
 }
 pred_prefill = {
-    T: (
-        accounting.prefill_flops(shape, T),
-        accounting.weight_bytes(shape, DT) + accounting.kv_bytes_per_token(shape, DT) * T,
-    )
-    for T in prompt_lens
+    T: (accounting.prefill_flops(shape, T), accounting.prefill_step_bytes(shape, T, 1, DT)) for T in prompt_lens
 }
 for b, (f, by) in pred_decode.items():
     print(
@@ -416,16 +513,54 @@ print(
 )
 
 # %% [markdown]
+# *Verdict.* Three predictions of the roofline, checked on this run. Below the ridge batch, adding
+# sequences should cost little: a batch of b should take much less than b times as long as batch 1.
+# Prefill should run near the compute roof. And decode at batch 1 should run near the bandwidth roof.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+b_ridge = batch_to_reach(roof.ridge, shape, context_len=CTX, dtype=DT)
+below = [b for b in batches if 1 < b <= max(b_ridge, 2)]
+b_cmp = max(below) if below else batches[1]
+growth = dec[b_cmp].median_s / dec[1].median_s
+print(f"batch {b_cmp} (ridge batch {b_ridge}): step time {growth:.2f}x batch 1's for {b_cmp}x the tokens")
+slow_growth = claim(
+    f"below the ridge batch, a batch of {b_cmp} costs less than half of {b_cmp} separate steps",
+    growth,
+    at_most=b_cmp / 2,
+    why_not="the ridge batch of this machine is tiny, so the per-sequence work dominates almost at once",
+)
+prefill_roof = claim(
+    f"prefill of {prompt_lens[-1]} tokens runs at half the compute roof or more",
+    longest.gflops * 1e9 / roof.peak_flops,
+    at_least=0.5,
+    why_not="these weight matrices are small next to the matmul that set the peak, and norms, rotary "
+    "embeddings, softmax and per-layer Python overhead add time the FLOP count does not see",
+)
+decode_roof = claim(
+    "decode at batch 1 streams the weights at half the measured bandwidth or more",
+    b1.gbps * 1e9 / peaks.bandwidth,
+    at_least=0.5,
+    why_not="a batch-1 step is many small ops (section 3b): overhead, not bandwidth, takes much of it",
+)
+steps = [dec[b].median_s for b in batches]
+dips = [(batches[i], batches[i + 1]) for i in range(len(steps) - 1) if steps[i + 1] < 0.95 * steps[i]]
+if dips:
+    print(f"larger batch faster than the smaller one at {dips}: see the note below")
+
+# %% [markdown]
 # *Explain the gap.* Decode at batch 1 sits far left on the slope: it streams every weight once for a
-# single multiply-add each, so its time is the weight bytes divided by the bandwidth. While the batch is
-# below the ridge batch printed in the prediction cell, more sequences share the same weight reads: the
-# step time grows much more slowly than the batch and throughput climbs. Past it, decode is compute-bound
-# like prefill and the step time grows with the batch. A CPU's ridge is low, so this happens at a small
-# batch here; on the GPUs of section 6 it takes hundreds of sequences. Prefill sits on the flat roof from
-# the start.
-# The measured points sit below the ceilings because the real model does more than the accounting counts
-# (norms, rotary embeddings, softmax, the KV-cache bookkeeping of `transformers`, Python overhead per
-# layer), and those costs weigh most on the shortest steps.
+# single multiply-add each, so the roofline's floor is the weight bytes divided by the bandwidth. While
+# the batch is below the ridge batch, more sequences share the same weight reads; past it, decode is
+# compute-bound like prefill and the step time grows with the batch. A CPU's ridge is low, so this happens
+# at a small batch here; on the GPUs of section 6 it takes hundreds of sequences. The measured points sit
+# below the ceilings because the real model does more than the accounting counts: norms, rotary
+# embeddings, softmax, the KV-cache bookkeeping of `transformers`, and Python overhead per layer
+# (section 3b's third regime). Those costs weigh most on the shortest steps. When a larger batch runs
+# *faster* than a smaller one (the note above the plot, if printed), the matmul library has picked a
+# different algorithm for that shape: for 1 row it runs a matrix-vector kernel, for a few rows small-GEMM
+# kernels whose efficiency jumps with the row count. A roofline bounds a time from below; it does not
+# order two points below it.
 #
 # ## 5 · Image generators vs language models
 #
@@ -496,6 +631,117 @@ for gpu in ("H100 SXM", "H200 SXM", "A100 80GB SXM", "L4", "RTX 4090"):
         f"{gpu:<14} ridge {ridge:5.0f} FLOP/B -> llama-2-7b decode needs batch >= "
         f"{batch_to_reach(ridge, 'llama-2-7b', context_len=1, dtype='bf16')}"
     )
+
+# %% [markdown]
+# ### "Memory-bound" also means capacity
+#
+# Bandwidth is one side of memory; the other is size. A GPU must hold the weights **and** every running
+# sequence's KV cache, which grows with the batch and the context. *Predict:* does Llama-2-7B in bf16 at
+# batch 256 with 512-token contexts fit on one H100, and if not, which part overflows? (`fits_in_memory`
+# counts the weights and the KV cache, lets an engine fill 90% of the memory as vLLM does by default,
+# and ignores activations. Sizes in GB = 10⁹ bytes; a datasheet's "80GB" is 80 GiB = 85.9 GB.)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for model, gpu, b, ctx in (
+    ("llama-2-7b", "H100 SXM", 1, 512),
+    ("llama-2-7b", "H100 SXM", 256, 512),
+    ("llama-2-7b", "T4", 4, 4096),
+    ("llama-2-70b", "H100 SXM", 1, 512),
+):
+    print(f"{model} bf16, batch {b} x {ctx} tokens:\n  {roofline.fits_in_memory(model, gpu, b, ctx)}")
+
+# %% [markdown]
+# Batching pushes decode toward the ridge, but the KV cache it brings can run out of memory first: the
+# batch a GPU can *hold* may be smaller than the batch it needs to become compute-bound. Chapter 05 shrinks
+# the cache (GQA, paging, quantized KV); chapter 07 splits the model over several GPUs.
+#
+# Why not keep the KV cache in the fast on-chip cache, as a CPU keeps a small working set? Compare the
+# sizes. The GPUs' L2 sizes are from NVIDIA's architecture whitepapers (`data/references.json`):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(references.cite("gpu_l2_cache_mb", link=False))
+l2 = references.reference("gpu_l2_cache_mb").value
+kv_tok = accounting.kv_bytes_per_token(llama7b, "bf16")
+print(
+    f"llama-2-7b bf16 KV cache: {kv_tok / 2**10:.0f} KiB per token -> {kv_tok * 4096 / 1e9:.2f} GB for one 4,096-token sequence"
+)
+for gpu, mb in l2.items():
+    print(f"  {gpu:<14} L2 {mb:>3} MB holds the KV cache of {mb * 1e6 / kv_tok:6.0f} tokens")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+tiny = accounting.ModelShape.from_embedded("tiny-target")  # the 5M-parameter model of chapter 02
+tiny_kv = accounting.kv_bytes_per_token(tiny, "fp32") * tiny.max_position  # one sequence at full context
+tiny_w = accounting.weight_bytes(tiny, "fp32")
+llc = hardware.detect_device().cache_bytes
+print(
+    f"tiny-target fp32: KV cache of one {tiny.max_position}-token sequence {tiny_kv / 2**20:.1f} MiB, "
+    f"weights {tiny_w / 2**20:.1f} MiB; last-level cache " + (f"{llc / 2**20:.0f} MiB" if llc else "unknown")
+)
+if llc:
+    claim(
+        "tiny-target's weights and one full KV cache fit in this CPU's last-level cache",
+        (tiny_kv + tiny_w) / llc,
+        at_most=1.0,
+        why_not="this CPU's last-level cache is smaller than most",
+    )
+
+# %% [markdown]
+# A single 7B sequence's KV cache is larger than any GPU's L2, so the cache lives in HBM and every decode
+# step streams it. Chapter 02's model is the inverse case: its weights and KV cache together are about
+# the size of a CPU's last-level cache (the verdict above), and chapter 02 measures what that does to
+# its decode speed.
+#
+# ### Two remedies: more chips, or faster memory
+#
+# Decode time ≈ bytes per step ÷ bandwidth. There are two ways to shrink it without changing the model.
+# Split the bytes over several chips (tensor parallelism, chapter 07: each chip streams 1/n of the
+# weights and KV cache, and pays for communication, ignored here). Or buy a chip with faster memory: the
+# H200 has the H100's compute with 4.8 instead of 3.35 TB/s. *Predict:* how many H100s match one H200?
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for row in roofline.decode_time_options(
+    "llama-2-7b", ("H100 SXM", "H200 SXM"), batch=8, context_len=2048, chips=(1, 2)
+):
+    print(row)
+
+# %% [markdown]
+# Bandwidth scales both ways. More chips also add memory capacity, which a faster chip alone does not,
+# but they cost communication at every layer. Chapter 07 measures that cost.
+#
+# ### Weights must live next to the compute: the host→device link
+#
+# If the weights do not fit on the GPU, they can be *offloaded* to CPU memory and copied in for each
+# step. The copy crosses PCIe, whose bandwidth is a small fraction of HBM's. Predicted from the links'
+# theoretical rates (PCI-SIG and NVIDIA specifications), for Llama-2-7B's bf16 weights:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(transfer.format_load_table(transfer.load_time_table()))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if transfer.available():
+    rows_h2d = transfer.measure_h2d()
+    print(transfer.format_transfer_table(rows_h2d))
+else:
+    copy = transfer.measure_cpu_copy()
+    print(transfer.SKIP_MESSAGE)
+    print(
+        f"on this CPU the 'host' and the 'device' share one DRAM: a copy runs at {copy.gbps:.1f} GB/s "
+        "(reads + writes counted, so the payload moves at half that)"
+    )
+
+# %% [markdown]
+# With offloading, every decode step waits for the weights to cross the link: the table's last column
+# is the best tokens/s that allows, about a hundred times below reading them from HBM. That is why
+# serving keeps the weights resident in GPU memory, and why the host→device copy is reserved for things
+# that are copied once (loading the model) or are small (token ids in, logits out). On a GPU the
+# measured pinned-memory copy lands below the link's theoretical rate; pageable memory is slower still,
+# because the driver stages it through a pinned buffer.
 
 # %% [markdown]
 # **Explorer.** Pick a GPU, a model, a batch size, a dtype and a context length and see where decode and
@@ -607,8 +853,9 @@ ch01.check_batch_to_ridge(answer, model="llama-2-7b", gpu="H100 SXM", dtype="bf1
 # s, ridge = accounting.ModelShape.from_name("llama-2-7b"), hardware.gpu_spec("H100 SXM").ridge("bf16")
 # answer = next(b for b in range(1, 10_000) if accounting.decode_intensity(s, 1, b, "bf16") >= ridge)
 # ```
-# Slightly above the ridge value itself, since not every parameter does a multiply-add per token
-# (the embedding table is read but not multiplied) — `roofline.batch_to_reach` does the same search.
+# About the ridge value itself: at batch b each weight read serves b multiply-adds (2b FLOPs per 2
+# bytes). Each sequence also reads its own embedding row and KV cache, so it lands a little above —
+# `roofline.batch_to_reach` does the same search.
 # </details>
 #
 # **Exercise 4.** Is a batch-1, 512-token prefill of Llama-2-7B on an A100 80GB memory-bound or
@@ -632,7 +879,10 @@ ch01.check_bound(answer, phase="prefill", model="llama-2-7b", gpu="A100 80GB SXM
 #   arithmetic intensity with the machine's **hardware arithmetic intensity** (Xiao & Zhu, *Foundations of LLMs*), the ridge of the
 #   roofline. Every number above was predicted from FLOPs and bytes before it was measured.
 # * A GEMV does about one multiply-add per weight read, a GEMM reuses each weight across rows: the same
-#   weights, orders of magnitude apart in FLOP/s.
+#   weights, many times apart in FLOP/s (section 2 printed the ratio on this machine).
+# * A third regime sits beside the two: **overhead-bound**. An op that moves less than (per-op cost ×
+#   bandwidth) bytes costs the same whatever its size; small models and unfused elementwise chains live
+#   there, and the cure is fewer ops (fusion, compiled steps, CUDA graphs), not fewer FLOPs or bytes.
 # * **Prefill** processes the prompt's tokens in parallel — a GEMM, compute-bound. **Decode** produces one
 #   token per sequence per step — a GEMV at batch 1, bound by how fast the weights (and the KV cache)
 #   stream from memory. Batching shares each weight read across sequences and pushes decode up the

@@ -49,6 +49,7 @@ def test_ch01():
 
     b = batch_to_reach(gpu_spec("H100 SXM").ridge(), "llama-2-7b", context_len=1)
     assert ch01.check_batch_to_ridge(b)
+    assert b == 299  # a step reads `batch` embedding rows; counting the whole table gave 305
     with pytest.raises(AssertionError):
         ch01.check_batch_to_ridge(b + 1)
     assert ch01.check_bound("compute-bound", phase="prefill")

@@ -9,7 +9,7 @@ import course_lib
 from course_lib import hardware
 from course_lib.paths import data_dir
 
-# Copied from /work/shared/ANCHORS.md, "Hardware peaks" (dense): name -> (bf16/fp16, fp8, TB/s, GB, ridge).
+# The datasheet figures (dense), as data/references.json cites them: name -> (bf16/fp16, fp8, TB/s, GB, ridge).
 ANCHORS = {
     "H100 SXM": (989, 1979, 3.35, 80, 295),
     "H200 SXM": (989, 1979, 4.8, 141, 206),
@@ -47,12 +47,13 @@ def test_anchor_values_match_and_cite(name):
     assert spec.hbm_tbps == tbps and spec.memory_gb == gb
     dtype = "fp16" if name == "T4" else "bf16"
     assert spec.ridge(dtype) == pytest.approx(ridge, abs=1.0)
-    assert "ANCHORS.md" in spec.source
+    assert "ANCHORS" not in spec.source and ("datasheet" in spec.source or "whitepaper" in spec.source)
 
 
 @pytest.mark.parametrize("name", ["A100 40GB", "A10G", "RTX 4090"])
-def test_entries_outside_anchors_say_so(name):
-    assert "NVIDIA datasheet (not in ANCHORS.md)" in hardware.gpu_spec(name).source
+def test_other_entries_cite_their_datasheet(name):
+    source = hardware.gpu_spec(name).source
+    assert "ANCHORS" not in source and ("datasheet" in source or "whitepaper" in source)
 
 
 @pytest.mark.parametrize(
@@ -148,7 +149,8 @@ def test_bandwidth_counts_reads_and_writes():
     assert triad.bytes == 3 * (1 << 20) and triad.flops == 2 * (1 << 20) / 4
 
 
-def test_measured_peaks_cached_and_reset(monkeypatch):
+def test_measured_peaks_cached_and_reset(monkeypatch, tmp_path):
+    monkeypatch.setenv("COURSE_CACHE_DIR", str(tmp_path))  # never the user's peaks file
     calls = []
 
     def fake_bw(kind, **kw):
@@ -172,7 +174,11 @@ def test_measured_peaks_cached_and_reset(monkeypatch):
     with pytest.raises(ValueError, match="was not measured"):
         peaks.peak_flops("fp16")
     hardware.reset()
-    assert hardware.cached_peaks("cpu") is None
+    assert hardware.cached_peaks("cpu") is None  # in-process only by default
+    assert hardware.measured_peaks("cpu").from_cache  # the peaks file still has them: not re-measured
+    assert len(calls) == 4
+    hardware.reset(disk=True)  # forget the file too: the next call measures
+    assert hardware.cached_peaks("cpu", disk=True) is None
     hardware.measured_peaks("cpu")
     assert len(calls) == 8
     hardware.reset()
@@ -189,10 +195,12 @@ class _FakeTiming:
 
 
 @pytest.mark.slow
-def test_real_peaks_are_plausible():
+def test_real_peaks_are_plausible(monkeypatch, tmp_path):
     """On any machine: a matmul is far more FLOP-dense than a triad, and copy/triad agree within 4x."""
+    monkeypatch.setenv("COURSE_CACHE_DIR", str(tmp_path))
     hardware.reset()
-    peaks = hardware.measured_peaks()
+    peaks = hardware.measured_peaks(refresh=True)
+    assert not peaks.from_cache and peaks.measured_at
     assert 0.25 < peaks.copy_gbs / peaks.triad_gbs < 4
     triad_flops = peaks.triad_gbs * 1e9 * (2 / 12)  # triad: 2 FLOPs per 12 bytes
     assert peaks.peak_flops("fp32") > 3 * triad_flops
@@ -202,11 +210,132 @@ def test_real_peaks_are_plausible():
 def test_timing_threads_follow_idle_cores():
     import os
 
-    cores = os.cpu_count()
+    cores = hardware.physical_cores()
+    assert 1 <= cores <= os.cpu_count()
     assert hardware.timing_threads(idle=0.0) == 1  # a busy machine: one thread, never zero
     assert hardware.timing_threads(idle=float(cores)) == cores
     assert hardware.timing_threads(idle=cores + 5.0) == cores
     idle = hardware.idle_cores(0.05)
-    assert idle is None or 0 <= idle <= cores + 1e-6
+    assert idle is None or 0 <= idle <= os.cpu_count() + 1e-6
     with pytest.raises(ValueError, match="interval must be > 0"):
         hardware.idle_cores(0)
+
+
+# ----------------------------------------------------------------------------- a T4 (Colab), simulated
+T4 = hardware.DeviceInfo("cuda", "Tesla T4", 15.8, (7, 5), 40)
+A100 = hardware.DeviceInfo("cuda", "NVIDIA A100-SXM4-80GB", 85.0, (8, 0), 108)
+
+
+def test_t4_has_no_bf16():
+    assert not T4.supports_bf16 and A100.supports_bf16
+    assert hardware.DeviceInfo("cpu", "x", 1.0).supports_bf16  # torch runs bf16 on any CPU
+    # capability unknown: the datasheet decides
+    assert not hardware.DeviceInfo("cuda", "Tesla T4", 16.0).supports_bf16
+    assert "bf16 no" in T4.describe() and "bf16 yes" in A100.describe()
+
+
+def test_preferred_dtype_per_device():
+    assert hardware.preferred_dtype(T4) == "fp16"
+    assert hardware.preferred_dtype(A100) == "bf16"
+    assert hardware.preferred_dtype(hardware.DeviceInfo("cpu", "x", 1.0)) == "fp32"
+    assert hardware.preferred_dtype() in ("fp32", "bf16", "fp16")  # this machine, whatever it is
+
+
+def test_matmul_dtypes_skip_bf16_on_a_t4():
+    assert hardware.matmul_dtypes(info=T4) == ("fp16", "fp32")
+    assert hardware.matmul_dtypes(info=A100) == ("fp16", "bf16", "fp32")
+    assert hardware.matmul_dtypes("cpu") == ("fp32", "bf16")
+
+
+def test_spec_of_a_missing_dtype_need_not_raise():
+    t4 = hardware.spec_for_device(T4)
+    assert t4.name == "T4" and t4.supported_dtypes == ("fp16", "fp32")
+    assert not t4.supports("bf16") and t4.supports("float16")
+    assert t4.peak_flops("bf16", missing="none") is None and t4.ridge("bf16", missing="none") is None
+    assert t4.peak_flops("fp16", missing="none") == 65e12
+    assert t4.best_dtype("bf16") == "fp16" and t4.best_dtype("fp8") == "fp16" and t4.best_dtype("fp32") == "fp32"
+    h100 = hardware.gpu_spec("H100 SXM")
+    assert h100.best_dtype("bf16") == "bf16" and h100.best_dtype("fp8") == "fp8"
+    assert t4.peak_flops(t4.best_dtype(hardware.preferred_dtype(T4))) == 65e12
+    with pytest.raises(ValueError, match="best_dtype"):
+        t4.peak_flops("bf16")
+    with pytest.raises(ValueError, match="missing must be"):
+        t4.peak_flops("fp16", missing="skip")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        t4.peak_flops("fp33", missing="none")  # a typo is still an error
+
+
+# ----------------------------------------------------------------------------- CPU probes, simulated
+HT_CPUINFO = """processor\t: 0
+model name\t: Intel(R) Xeon(R) CPU @ 2.20GHz
+cpu MHz\t\t: 2199.998
+flags\t\t: fpu sse avx avx2 fma f16c avx512f
+"""
+
+
+def _fake_machine(monkeypatch, files=None, sysctl=None, counts=(None, None), psutil_mhz=None, ram=None):
+    files, sysctl = files or {}, sysctl or {}
+    monkeypatch.setattr(hardware, "_read_text", lambda path: files.get(path))
+    monkeypatch.setattr(hardware, "_sysctl", lambda name: sysctl.get(name))
+    monkeypatch.setattr(hardware, "_cpu_counts", lambda: counts)
+    monkeypatch.setattr(hardware, "_psutil_max_mhz", lambda: psutil_mhz)
+    monkeypatch.setattr(hardware, "_ram_bytes", lambda: ram)
+
+
+def test_hyperthreaded_machine_counts_physical_cores(monkeypatch):
+    _fake_machine(monkeypatch, files={"/proc/cpuinfo": HT_CPUINFO}, counts=(4, 2), ram=16 * 10**9)
+    info = hardware._detect_cpu()
+    assert (info.cores, info.physical_cores, info.core_count) == (4, 2, 2)
+    assert hardware.physical_cores() == 2
+    # the ceiling multiplies physical cores: 4 threads on 2 cores do not double the FMA units
+    assert hardware.cpu_theoretical_flops(info, threads=4) == hardware.cpu_theoretical_flops(info, threads=2)
+    assert hardware.cpu_theoretical_flops(info, threads=4) == 2 * 2200e6 * 64
+    assert hardware.timing_threads(idle=4.0) == 2
+    assert hardware.timing_threads(idle=1.2) == 1
+    # no psutil answer: the logical count
+    monkeypatch.setattr(hardware, "_cpu_counts", lambda: (4, None))
+    assert hardware.physical_cores() == 4
+
+
+def test_max_clock_preferred_over_current(monkeypatch):
+    cpufreq = "/sys/devices/system/cpu/cpu0/cpufreq"
+    files = {"/proc/cpuinfo": HT_CPUINFO, f"{cpufreq}/cpuinfo_max_freq": "3400000\n"}
+    _fake_machine(monkeypatch, files=files, counts=(4, 2), psutil_mhz=3000.0)
+    info = hardware._detect_cpu()
+    assert (info.mhz, info.freq_source, info.clock_note) == (3400.0, "max", "max clock")
+    assert "3400 MHz (max clock)" in info.describe()
+    del files[f"{cpufreq}/cpuinfo_max_freq"]  # psutil's max next
+    assert (hardware._detect_cpu().mhz, hardware._detect_cpu().freq_source) == (3000.0, "max")
+    _fake_machine(monkeypatch, files=files, counts=(4, 2))  # then the nominal "@ 2.20GHz" of the name
+    assert (hardware._detect_cpu().mhz, hardware._detect_cpu().freq_source) == (2200.0, "base")
+    files["/proc/cpuinfo"] = HT_CPUINFO.replace(" @ 2.20GHz", "")  # only "cpu MHz" is left
+    info = hardware._detect_cpu()
+    assert (info.mhz, info.freq_source) == (2199.998, "current")
+    assert "current clock; max not exposed" in info.describe()
+
+
+def test_machine_exposing_nothing_says_unknown(monkeypatch):
+    """macOS without sysctl answers (or any machine with no /proc and no /sys): unknown, never 0 MiB."""
+    _fake_machine(monkeypatch, counts=(8, None))
+    info = hardware._detect_cpu()
+    assert info.mhz is None and info.freq_source == "" and info.cache_bytes is None and info.isa == ()
+    text = info.describe()
+    assert "LLC unknown" in text and "clock unknown" in text and "RAM unknown" in text
+    assert "0 MiB" not in text and "0 MHz" not in text
+    assert hardware.cpu_theoretical_flops(info) is None
+    assert hardware.default_array_bytes("cpu") > 0
+
+
+def test_macos_answers_through_sysctl(monkeypatch):
+    sysctl = {
+        "machdep.cpu.brand_string": "Apple M2 Pro",
+        "hw.l3cachesize": "0",  # Apple silicon: no L3 exposed
+        "hw.perflevel0.l2cachesize": str(16 * 2**20),
+        "hw.memsize": str(32 * 10**9),
+        "hw.physicalcpu": "10",
+    }
+    _fake_machine(monkeypatch, sysctl=sysctl, counts=(10, None))
+    info = hardware._detect_cpu()
+    assert info.name == "Apple M2 Pro" and info.physical_cores == 10
+    assert info.cache_bytes == 16 * 2**20 and info.memory_gb == 32.0
+    assert "LLC 16 MiB" in info.describe() and "clock unknown" in info.describe()

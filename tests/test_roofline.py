@@ -69,7 +69,7 @@ def test_llm_phases_agree_with_accounting():
     assert rep.decode.bound == "memory-bound" and rep.prefill.bound == "compute-bound"
     # batch-1 decode on A100 reads ~13.5 GB of weights at 2.039 TB/s: ~6.6 ms, <= ~150 tok/s
     one = roofline.llm_phases("A100 80GB SXM", "llama-2-7b", batch=1, context_len=1)
-    assert one.decode.seconds == pytest.approx(accounting.weight_bytes(shape) / 2.039e12, rel=0.01)
+    assert one.decode.seconds == pytest.approx(accounting.weights_read_per_step(shape, 1) / 2.039e12, rel=0.01)
     assert one.fits_in_memory
     assert not roofline.llm_phases("H100 SXM", "llama-2-70b").fits_in_memory
     assert "decode" in str(rep)

@@ -99,3 +99,20 @@ def test_fit_latency_recovers_known_costs():
         serving.fit_latency([(16, 4, 1.0), (32, 4, 2.0), (64, 4, 3.0)])  # output never varies
     with pytest.raises(ValueError):
         serving.fit_latency([(1, 2, 3.0)])
+
+
+def test_prefill_interference_budget_sets_the_chunks(engine, pool):
+    runs = serving.prefill_interference(
+        engine, pool, [16, 256], prompt_len=64, running_prompt=8, running_tokens=12, join_after=3, repeats=1
+    )
+    small, big = runs
+    assert (small.budget, big.budget) == (16, 256)
+    assert small.prefill_steps >= 4 and big.prefill_steps == 1  # 64 tokens in chunks of <= 15 vs one step
+    for r in runs:
+        assert 0 < r.running_tpot_s <= r.running_max_gap_s and r.new_ttft_s > 0
+    with pytest.raises(ValueError, match="join_after"):
+        serving.prefill_interference(engine, pool, [16], running_tokens=4, join_after=5)
+    with pytest.raises(ValueError, match="budgets"):
+        serving.prefill_interference(engine, pool, [])
+    with pytest.raises(ValueError, match="pool holds"):
+        serving.prefill_interference(engine, pool, [16], prompt_len=500)

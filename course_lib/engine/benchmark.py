@@ -5,7 +5,7 @@ the prefill and set-up cancel, what is left is the bandwidth-bound decode loop. 
 - MBU: the bytes a step must move (every weight + the KV cache read) over the measured bandwidth;
 - the effective weight bandwidth: the bytes of the weights a step multiplies by, divided by the
   step time, i.e. how fast the engine streams its weights, to set beside the STREAM bandwidth.
-Used by ``benchmarks/engine_vs_hf.py`` and 02_metrics.ipynb.
+Used by ``benchmarks/engine_vs_hf.py`` and 02_metrics_2_throughput_utilization.ipynb.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from course_lib.bench import benchmark
 from course_lib.engine.engine import Engine
 from course_lib.engine.sampling import SamplingParams
-from course_lib.models.accounting import ModelShape, kv_bytes_per_token, weight_bytes
+from course_lib.models.accounting import ModelShape, kv_bytes_per_token, weights_read_per_step
 
 PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n"
 
@@ -86,7 +86,7 @@ def engine_vs_hf(
         t_ours = _step_time(ours, new_tokens, repeats)
         t_hf = _step_time(theirs, new_tokens, repeats)
         context = ids.shape[1] + new_tokens / 2  # average keys per step
-        moved = weight_bytes(shape, dtype) + kv_bytes_per_token(shape, dtype) * context * b
+        moved = weights_read_per_step(shape, b, dtype) + kv_bytes_per_token(shape, dtype) * context * b
         mbu = moved / t_ours / bandwidth_bytes_per_s if bandwidth_bytes_per_s else None
         rows.append(
             DecodeRow(

@@ -10,7 +10,7 @@
 same forward and KV storage directly. Every emitted token carries the ``time.perf_counter()`` at which
 its id reached the host (``.tolist()`` waits for the device), so TTFT/TPOT/throughput come from real
 events. Requests may be added between steps: with the ``continuous`` policy they join the running
-batch at the next step. Introduced in 02_metrics.ipynb; the architecture is drawn in ``engine/README.md``.
+batch at the next step. Introduced in 02_metrics_1_latency.ipynb; the architecture is drawn in ``engine/README.md``.
 """
 
 from __future__ import annotations

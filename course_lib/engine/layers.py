@@ -4,7 +4,7 @@ A decode step is a chain of skinny matmuls ``(tokens, in) @ (in, out)``: each re
 for a handful of rows, so it is bandwidth-bound and its speed is bytes of weight ÷ memory bandwidth.
 The model never calls ``F.linear`` itself; it calls these objects. A weight-only int8/int4 layer
 (chapter 03) or a column/row-parallel layer (chapter 07) replaces one with ``model.set_linear(name, new)``
-without touching the model code. Introduced in 02_metrics.ipynb.
+without touching the model code. Introduced in 02_metrics_1_latency.ipynb.
 """
 
 from __future__ import annotations

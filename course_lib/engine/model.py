@@ -9,7 +9,7 @@ sequence each belongs to. Three seams keep the chapters out of this file:
 - attention and KV storage are the backend's (chapter 05 pages them, adds Triton kernels);
 - ``embed`` / ``run_layers`` / ``head`` are separate, so a pipeline stage runs a slice of layers (chapter 07).
 Per decode step every weight is read once for one token per sequence: ~2 FLOPs per weight read, far
-below any machine's ridge point, so decode is memory-bandwidth-bound. Introduced in 02_metrics.ipynb.
+below any machine's ridge point, so decode is memory-bandwidth-bound. Introduced in 02_metrics_1_latency.ipynb.
 """
 
 from __future__ import annotations

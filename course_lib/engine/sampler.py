@@ -7,7 +7,7 @@ one pass; penalties use the reference function row by row (they need that row's 
 Draws use the exponential race, ``argmax(p / E)`` with ``E ~ Exp(1)``, which picks token i with
 probability p_i (as vLLM does): each seeded row draws its ``E`` from its own generator, so a row gives
 the same tokens whatever else is in the batch. ``return_probs`` also returns the distribution each
-token was drawn from, which chapter 04's speculative rejection rule needs. Introduced in 02_metrics.ipynb.
+token was drawn from, which chapter 04's speculative rejection rule needs. Introduced in 02_metrics_1_latency.ipynb.
 """
 
 from __future__ import annotations

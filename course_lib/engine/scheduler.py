@@ -10,7 +10,7 @@ prefill is under way. Then waiting requests are admitted while the budgets and t
 A prompt larger than the budget left is cut into chunks (``chunked_prefill``), so one step can hold a
 prefill chunk and many decode tokens together. If a running sequence cannot get KV room, the newest
 running sequence is preempted (its KV is freed; it will be recomputed). Chapter 06 grows the policies.
-Introduced in 02_metrics.ipynb.
+Introduced in 02_metrics_1_latency.ipynb.
 """
 
 from __future__ import annotations

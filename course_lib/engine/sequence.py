@@ -5,7 +5,7 @@ values behind ``kv`` (a handle only it understands: a row of the contiguous cach
 chapter 05). ``num_cached_tokens`` says how many of ``token_ids`` already have K/V stored, so the next
 forward processes exactly ``num_tokens - num_cached_tokens`` of them: the whole prompt at first (prefill),
 a chunk of it (chunked prefill), one token (decode), or everything again after a preemption.
-Introduced in 02_metrics.ipynb; chapters 04-06 read and change it.
+Introduced in 02_metrics_1_latency.ipynb; chapters 04-06 read and change it.
 """
 
 from __future__ import annotations

@@ -47,4 +47,25 @@ def check(
     )
 
 
-__all__ = ["check"]
+def check_measurement(name: str, answer, measure, *, rtol: float = 0.35, hint: str = "", unit: str = "") -> Verdict:
+    """A re-measuring exercise: the learner measured something with their own code; ``measure()``
+    measures it again here and the two must agree within ``rtol`` (wide: timings are noisy).
+    ⏳ without measuring if ``answer`` is None."""
+    if not callable(measure):
+        raise ValueError(f"measure must be a callable returning a number, got {type(measure).__name__}")
+    if answer is None:
+        return check(name, None, 0.0)
+    measured = float(measure())
+    unit_s = f" {unit}" if unit else ""
+    print(f"   re-measured here: {measured:.4g}{unit_s}; yours: {answer!r}{unit_s}")
+    return check(
+        name,
+        answer,
+        measured,
+        rtol=rtol,
+        unit=unit,
+        hint=f"timings vary from run to run: re-run both cells once; if it still misses, {hint}".strip(),
+    )
+
+
+__all__ = ["check", "check_measurement"]

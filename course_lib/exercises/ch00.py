@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from course_lib.claims import Verdict
 from course_lib.costs import triad_cost
-from course_lib.exercises import check
+from course_lib.exercises import check, check_measurement
 from course_lib.hardware import gpu_spec
 from course_lib.models.accounting import ModelShape, weight_bytes
 
@@ -49,4 +49,36 @@ def check_weight_read_ms(answer, model: str = "llama-2-7b", gpu: str = "H200 SXM
         weight_read_ms(model, gpu, dtype),
         unit="ms",
         hint="weight bytes (accounting.weight_bytes) / datasheet bandwidth, in milliseconds.",
+    )
+
+
+def check_cache_speedup(answer, n_bytes: int = 2**20) -> Verdict:
+    """Exercise 4 (re-measure): the triad over cache-sized arrays (``n_bytes`` each) vs the
+    machine's DRAM triad, as a ratio of GB/s. The check measures both again."""
+    from course_lib.hardware import machine_peaks, measure_bandwidth
+
+    def measure() -> float:
+        small = measure_bandwidth("triad", n_bytes=n_bytes)
+        return small.rate(small.bytes, best=True) / (machine_peaks().triad_gbs * 1e9)
+
+    return check_measurement(
+        f"triad speed-up with {n_bytes / 2**20:g} MiB arrays (in cache) over DRAM",
+        answer,
+        measure,
+        unit="x",
+        hint="compare best rates (t.rate(t.bytes, best=True)) with peaks.triad_gbs, in the same units.",
+    )
+
+
+def check_stream_time_ms(answer, bandwidth: float, n_bytes: float = 1e9) -> Verdict:
+    """Exercise 5 (your peaks): the least time, in ms, this machine needs to read ``n_bytes`` at its
+    measured ``bandwidth`` (bytes/s)."""
+    if not isinstance(bandwidth, (int, float)) or bandwidth <= 0:
+        raise ValueError(f"bandwidth must be a positive number of bytes/s, got {bandwidth!r}")
+    return check(
+        f"time to read {n_bytes / 1e9:g} GB at this machine's measured bandwidth",
+        answer,
+        n_bytes / bandwidth * 1e3,
+        unit="ms",
+        hint="bytes / (bytes per second), then × 1e3 for milliseconds; peaks.bandwidth is in bytes/s.",
     )

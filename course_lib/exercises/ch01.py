@@ -32,7 +32,8 @@ def check_decode_intensity(
         expected,
         rtol=0.05,
         unit="FLOP/byte",
-        hint="accounting.decode_flops / accounting.decode_step_bytes (weights once + every KV cache).",
+        hint="accounting.decode_flops / accounting.decode_step_bytes (the weights a step streams — only `batch` "
+        "embedding rows — + every KV cache).",
     )
 
 

@@ -1,4 +1,4 @@
-"""Exercises of 02_metrics.ipynb: TTFT/TPOT from a trace, MBU from a published speed, goodput, percentiles,
+"""Exercises of chapter 02 (02_metrics_1_latency.ipynb, 02_metrics_2_throughput_utilization.ipynb): TTFT/TPOT from a trace, MBU from a published speed, goodput, percentiles,
 and the roofline's version of Anyscale's "100 input tokens ≈ 1 output token"."""
 
 from __future__ import annotations
@@ -111,5 +111,80 @@ def check_ratio(answer, model: str = "llama-2-7b", gpu: str = "H200 SXM", dtype:
         answer,
         ratio_expected(model, gpu, dtype),
         rtol=0.05,
-        hint="decode step: params × bytes ÷ bandwidth. One prefill token: 2 × params ÷ peak FLOP/s.",
+        hint="decode step: weight bytes it streams (accounting.weights_read_per_step) ÷ bandwidth. "
+        "One prefill token: 2 × params ÷ peak FLOP/s.",
+    )
+
+
+# ----------------------------------------------------------------------------- exercises that measure
+def _shape(model: str) -> ModelShape:
+    """An embedded model's shape (``data/models``) or a preset's (``ModelShape.from_name``)."""
+    from course_lib.models.load import EMBEDDED
+
+    return ModelShape.from_embedded(model) if model in EMBEDDED else ModelShape.from_name(model)
+
+
+def check_weight_stream_ms(answer, bandwidth: float, model: str = "tiny-target", dtype: str = "fp32") -> Verdict:
+    """Part 1, exercise 4 (your peaks): the least batch-1 step time (ms) that streaming ``model``'s
+    weights once allows at the learner's measured ``bandwidth`` (bytes/s)."""
+    from course_lib.models.accounting import weight_bytes
+
+    if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or bandwidth <= 0:
+        raise ValueError(f"bandwidth must be a positive number of bytes/s, got {bandwidth!r}")
+    return check(
+        f"{model} {dtype} weights streamed once at this machine's bandwidth",
+        answer,
+        weight_bytes(_shape(model), dtype) / bandwidth * 1e3,
+        unit="ms",
+        hint="accounting.weight_bytes(shape, 'fp32') / BW, times 1e3 for milliseconds.",
+    )
+
+
+def check_remeasured_ttft(answer_ms, engine, pool, n_tokens: int = 900, rtol: float = 0.35) -> Verdict:
+    """Part 1, exercise 3 (re-measure): the learner predicts the TTFT (ms) of an ``n_tokens`` prompt
+    from their section-1 measurements; the check measures it and accepts within ``rtol``."""
+    from course_lib.exercises import check_measurement
+    from course_lib.serving import ttft_sweep
+
+    return check_measurement(
+        f"TTFT of a {n_tokens}-token prompt",
+        answer_ms,
+        lambda: ttft_sweep(engine, pool, [n_tokens], repeats=3)[0].ttft_s * 1e3,
+        rtol=rtol,
+        unit="ms",
+        hint="the attention share grows with the length: a prediction from short prompts comes out low.",
+    )
+
+
+def check_remeasured_throughput(
+    answer, engine, pool, batch: int = 8, prompt_len: int = 512, new_tokens: int = 32, rtol: float = 0.35
+) -> Verdict:
+    """Part 2, exercise 4 (re-measure): decode tokens/s at ``batch`` with ``prompt_len``-token
+    prompts, measured by the learner; the check measures it again."""
+    from course_lib.exercises import check_measurement
+    from course_lib.serving import tpot_sweep
+
+    return check_measurement(
+        f"decode throughput at batch {batch} with {prompt_len}-token prompts",
+        answer,
+        lambda: tpot_sweep(engine, pool, [batch], prompt_len=prompt_len, new_tokens=new_tokens)[0].decode_tokens_per_s,
+        rtol=rtol,
+        unit="tok/s",
+        hint="use run.decode_tokens_per_s of serving.tpot_sweep's result.",
+    )
+
+
+def check_ratio_on_this_machine(
+    answer, peak_flops: float, bandwidth: float, model: str = "tiny-target", dtype: str = "fp32"
+) -> Verdict:
+    """Part 2, exercise 5 (your peaks): the roofline's output/input token ratio on the learner's
+    measured peaks."""
+    for name, v in (("peak_flops", peak_flops), ("bandwidth", bandwidth)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise ValueError(f"{name} must be a positive number, got {v!r}")
+    return check(
+        f"output/input token ratio of {model} {dtype} on this machine",
+        answer,
+        output_input_ratio(_shape(model), peak_flops, bandwidth, dtype),
+        hint="roofline.output_input_ratio(shape, PEAK, BW, DT).",
     )

@@ -1,7 +1,9 @@
 """Model accounting: parameters, weight bytes, FLOPs and KV-cache bytes from a config alone.
 
 Every later chapter predicts a time from these numbers before measuring it: decode reads every
-weight once per step (bandwidth-bound), prefill does ~2·params FLOPs per token (compute-bound).
+weight matrix once per step (bandwidth-bound), prefill does ~2·params FLOPs per token (compute-bound).
+Two byte counts differ on purpose: ``weight_bytes`` is what the weights occupy (memory capacity),
+``weights_read_per_step`` what one forward pass streams (only the looked-up rows of the embedding table).
 Works for any Llama-family ``transformers`` config and for named presets without weights.
 Introduced in 01_bottlenecks.ipynb.
 """
@@ -64,6 +66,17 @@ class ModelShape:
         )
 
     @classmethod
+    def from_embedded(cls, name: str = "tiny-target") -> "ModelShape":
+        """The shape of a model the course ships in ``data/models`` (read from its config.json)."""
+        from transformers import AutoConfig
+
+        from course_lib.models.load import EMBEDDED, embedded_dir
+
+        if name not in EMBEDDED:
+            raise ValueError(f"name must be one of the embedded models {EMBEDDED}, got {name!r}")
+        return cls.from_config(AutoConfig.from_pretrained(embedded_dir(name)), name=name)
+
+    @classmethod
     def from_name(cls, name: str) -> "ModelShape":
         """A preset: ``llama-2-7b``, ``llama-2-13b``, ``llama-2-70b``, ``llama-3-8b``, ``llama-3-70b``."""
         key = name.strip().lower()
@@ -104,8 +117,21 @@ def matmul_params(shape: ModelShape) -> int:
 
 
 def weight_bytes(shape: ModelShape, dtype: str = "bf16") -> float:
-    """Bytes of all weights stored in ``dtype`` (what decode must read once per step)."""
+    """Bytes all weights occupy in ``dtype``: the memory they need, not what a step reads
+    (for that see ``weights_read_per_step``)."""
     return param_count(shape) * dtype_bytes(dtype)
+
+
+def weights_read_per_step(shape: ModelShape, tokens: int = 1, dtype: str = "bf16") -> float:
+    """Weight bytes one forward pass over ``tokens`` tokens streams (a decode step: ``tokens`` = batch;
+    a prefill: batch × prompt length). An embedding lookup reads only its tokens' rows, not the table
+    (one row per token, at most the vocabulary); every matrix and the LM head are read whole. Tied
+    embeddings: the table is read whole as the LM head anyway and the looked-up rows are that same
+    memory, so it counts once. Llama-2-7B bf16 at batch 1: ``weight_bytes`` − (32000 − 1) · 4096 · 2."""
+    check_positive_int("tokens", tokens)
+    head = shape.vocab_size * shape.hidden_size  # the LM head (the embedding table itself when tied)
+    rows = 0 if shape.tie_embeddings else min(tokens, shape.vocab_size) * shape.hidden_size
+    return (param_count(shape, include_embeddings=False) + head + rows) * dtype_bytes(dtype)
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype: str = "bf16") -> float:
@@ -138,19 +164,34 @@ def decode_flops(shape: ModelShape, context_len: int, batch: int = 1) -> float:
 def decode_step_bytes(
     shape: ModelShape, context_len: int, batch: int = 1, dtype: str = "bf16", kv_dtype: str | None = None
 ) -> float:
-    """Minimum bytes one decode step moves: every weight once + each sequence's KV cache."""
+    """Minimum bytes one decode step moves: the weights it streams (``weights_read_per_step``: only
+    ``batch`` embedding rows) + each sequence's KV cache of ``context_len`` tokens."""
     check_positive_int("context_len", context_len)
     check_positive_int("batch", batch)
     kv = kv_bytes_per_token(shape, kv_dtype or dtype) * context_len * batch
-    return weight_bytes(shape, dtype) + kv
+    return weights_read_per_step(shape, batch, dtype) + kv
 
 
-def decode_intensity(shape: ModelShape, context_len: int, batch: int = 1, dtype: str = "bf16") -> float:
+def prefill_step_bytes(
+    shape: ModelShape, n_tokens: int, batch: int = 1, dtype: str = "bf16", kv_dtype: str | None = None
+) -> float:
+    """Minimum bytes a prefill of ``batch`` × ``n_tokens`` moves: the weights it streams (embedding
+    rows for its tokens) + the KV cache it writes."""
+    check_positive_int("n_tokens", n_tokens)
+    check_positive_int("batch", batch)
+    kv = kv_bytes_per_token(shape, kv_dtype or dtype) * n_tokens * batch
+    return weights_read_per_step(shape, n_tokens * batch, dtype) + kv
+
+
+def decode_intensity(
+    shape: ModelShape, context_len: int, batch: int = 1, dtype: str = "bf16", kv_dtype: str | None = None
+) -> float:
     """Arithmetic intensity (FLOP/byte) of a decode step: ≈ batch / bytes-per-param for short contexts."""
-    return decode_flops(shape, context_len, batch) / decode_step_bytes(shape, context_len, batch, dtype)
+    return decode_flops(shape, context_len, batch) / decode_step_bytes(shape, context_len, batch, dtype, kv_dtype)
 
 
-def prefill_intensity(shape: ModelShape, n_tokens: int, batch: int = 1, dtype: str = "bf16") -> float:
+def prefill_intensity(
+    shape: ModelShape, n_tokens: int, batch: int = 1, dtype: str = "bf16", kv_dtype: str | None = None
+) -> float:
     """Arithmetic intensity of a prefill: weights read once, reused by every token (grows with n)."""
-    moved = weight_bytes(shape, dtype) + kv_bytes_per_token(shape, dtype) * n_tokens * batch
-    return prefill_flops(shape, n_tokens, batch) / moved
+    return prefill_flops(shape, n_tokens, batch) / prefill_step_bytes(shape, n_tokens, batch, dtype, kv_dtype)

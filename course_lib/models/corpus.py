@@ -2,7 +2,8 @@
 
 Every machine that runs the course has it, so nothing is downloaded and nothing is committed.
 Code suits an inference course: it is repetitive and structured, which is exactly where
-speculative and prompt-lookup decoding shine (seed S0: structured text has high acceptance).
+speculative and prompt-lookup decoding shine (their draft tokens are accepted more often on
+structured text).
 
 Deterministic: a fixed list of top-level modules, files in sorted order, ``test``/``tests``
 folders skipped, and the train/validation split decided per *file* by a hash of its relative

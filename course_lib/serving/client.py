@@ -4,7 +4,7 @@ The metrics themselves (TTFT, TPOT, percentiles, goodput, MFU, MBU) come from ``
 applied to the ``RequestTrace``s returned here; this module decides *what* to run (prompt lengths,
 batch sizes, the workloads of ``course_lib.serving.workload``, online vs batch serving) and fits
 latency ≈ a + b·input + c·output to what it measured. What it *should* cost is
-``course_lib.roofline.prefill_time`` / ``decode_time``. Introduced in 02_metrics.ipynb.
+``course_lib.roofline.prefill_time`` / ``decode_time``. Introduced in 02_metrics_1_latency.ipynb.
 """
 
 from __future__ import annotations
@@ -209,3 +209,75 @@ __all__ = [
     "ttft_sweep",
     "with_common_arrival",
 ]
+
+
+# ----------------------------------------------------------------------------- TTFT vs TPOT
+@dataclass(frozen=True)
+class InterferenceRun:
+    """A long prompt joins while another request decodes, under a per-step token budget."""
+
+    budget: int  # SchedulerConfig.max_num_batched_tokens
+    prefill_steps: int  # steps the long prompt's prefill was spread over
+    new_ttft_s: float  # TTFT of the request that joined
+    running_tpot_s: float  # mean gap between tokens of the request that was already decoding
+    running_max_gap_s: float  # its longest gap: the step(s) that carried the other prompt's prefill
+
+
+def prefill_interference(
+    engine,
+    pool: Sequence[int],
+    budgets: Sequence[int],
+    *,
+    prompt_len: int = 512,
+    running_prompt: int = 32,
+    running_tokens: int = 48,
+    join_after: int = 8,
+    repeats: int = 3,
+) -> list[InterferenceRun]:
+    """The TTFT vs TPOT trade-off, measured: a big per-step token budget prefills a newcomer's prompt
+    in one step (short TTFT for it, one long stall for everyone decoding); a small budget spreads it
+    over many steps (decoders keep their pace, the newcomer waits). ``engine`` lends its model; one
+    engine per budget is built around it. Medians over ``repeats``. Introduced in 02_metrics_1_latency."""
+    from course_lib.engine import Engine
+    from course_lib.engine.scheduler import SchedulerConfig
+
+    budgets = _positive_ints("budgets", budgets)
+    for name, value in (("prompt_len", prompt_len), ("running_prompt", running_prompt), ("repeats", repeats)):
+        check_positive_int(name, value)
+    if not isinstance(join_after, int) or not 1 <= join_after < running_tokens - 1:
+        raise ValueError(f"join_after must be an int in [1, running_tokens - 1), got {join_after!r}")
+    if len(pool) < running_prompt + prompt_len:
+        raise ValueError(
+            f"pool holds {len(pool)} tokens; need running_prompt + prompt_len = {running_prompt + prompt_len}"
+        )
+    out = []
+    for budget in budgets:
+        eng = Engine(
+            engine.hf_model,
+            engine.tokenizer,
+            device=engine.device,
+            config=SchedulerConfig(max_num_batched_tokens=budget, chunked_prefill=True),
+        )
+        eng.generate([list(pool[:16])], SamplingParams(max_new_tokens=4, ignore_eos=True))  # warm-up
+        runs = []
+        for _ in range(repeats):
+            a = eng.add_request(
+                list(pool[:running_prompt]), SamplingParams(max_new_tokens=running_tokens, ignore_eos=True)
+            )
+            while len(a.output_ids) < join_after:
+                eng.step()
+            b = eng.add_request(
+                list(prompt_of_length(pool, prompt_len, running_prompt)),
+                SamplingParams(max_new_tokens=2, ignore_eos=True),
+            )
+            steps = 0
+            while not b.output_ids:
+                eng.step()
+                steps += 1
+            while eng.has_unfinished():
+                eng.step()
+            gaps = np.diff(a.trace.token_times)
+            runs.append((steps, b.trace.ttft, float(np.mean(gaps)), float(np.max(gaps))))
+        med = [statistics.median(r[i] for r in runs) for i in range(4)]
+        out.append(InterferenceRun(budget, int(med[0]), med[1], med[2], med[3]))
+    return out

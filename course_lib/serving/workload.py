@@ -2,7 +2,7 @@
 
 What to send the engine — prompts of exact lengths (``prompt_pool``, ``prompt_of_length``) and a
 workload whose output lengths have a long right tail, as in real chat traffic (``make_workload``).
-``course_lib.serving.client`` sends them and times every token. Introduced in 02_metrics.ipynb.
+``course_lib.serving.client`` sends them and times every token. Introduced in 02_metrics_1_latency.ipynb.
 """
 
 from __future__ import annotations

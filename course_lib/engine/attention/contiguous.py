@@ -4,7 +4,7 @@ Decode reads the whole cache of every sequence once per step (bandwidth-bound, l
 size, 2 · layers · kv_heads · head_dim · bytes per token, is what limits batch size and context. A slab
 is reserved for the longest possible sequence, so most of it sits empty: ``bytes_reserved`` vs
 ``bytes_used`` is the waste that PagedAttention removes in chapter 05. Attention is torch's SDPA over
-a padded view of the step. Introduced in 02_metrics.ipynb; the subject of 05_attention_kv_cache.ipynb.
+a padded view of the step. Introduced in 02_metrics_1_latency.ipynb; the subject of 05_attention_kv_cache.ipynb.
 """
 
 from __future__ import annotations

@@ -1,0 +1,710 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · Metrics, part 1: latency — TTFT, TPOT, percentiles, and what a user waits for
+#
+# "Is it fast?" has no single answer. A user waits for the first token (**TTFT**), then watches the
+# rest stream (**TPOT**, time per output token); an operator pays for tokens per second
+# (**throughput**) and for requests that met their promise (**goodput**); an engineer asks how close
+# the hardware runs to its ceilings (**MFU** for compute, **MBU** for bandwidth). Chip Huyen
+# (*AI Engineering*, ch. 9) defines them all. Chapter 02 measures each one on the course's own engine
+# and its 5-million-parameter model, always the same way: state the claim, predict, measure, plot,
+# and explain the gap. This part is the user's side — latency; part 2
+# (`02_metrics_2_throughput_utilization.ipynb`) is the operator's and the engineer's side.
+
+# %% [markdown]
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-course/course/blob/main/notebooks/02_metrics_1_latency.ipynb)
+
+# %%
+# Colab only: fetch the course and install course_lib WITHOUT replacing Colab's own torch/triton.
+import os
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    if not os.path.isdir("/content/course"):
+        subprocess.run(
+            ["git", "clone", "--depth", "1", "https://github.com/llm-inference-course/course", "/content/course"],
+            check=True,
+        )
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "/content/course"], check=True)
+    deps = ["transformers>=4.56", "tokenizers>=0.20", "safetensors>=0.4", "psutil>=5.9"]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *deps], check=True)
+    os.environ["COURSE_ROOT"] = "/content/course"
+
+# %% [markdown]
+# **You will learn**
+#
+# * to read TTFT, TPOT and end-to-end latency off per-token timestamps, and how TTFT grows with the
+#   prompt (prefill, compute-bound) while TPOT grows slowly with the batch (decode, bandwidth-bound);
+# * the floor a small model's TPOT sits on: the per-op overhead of chapter 01, counted in one engine step;
+# * why latency is reported as percentiles (p50, p90, p95, p99) and not as a mean, and how many requests
+#   a p99 needs;
+# * the reading-speed budget, the trade-off between TTFT and TPOT when a new prompt joins a running
+#   batch, and *time to publish* for agents whose first steps the user never sees;
+# * why the same text costs a different number of tokens, and so a different price, under different
+#   tokenizers.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# %matplotlib inline
+import os
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import transformers
+
+import course_lib
+from course_lib import hardware, metrics, plots, profiling, roofline, serving, tokencost
+from course_lib.claims import claim, compare_prediction
+from course_lib.engine import Engine
+from course_lib.engine.sampling import SamplingParams
+from course_lib.models import accounting
+from course_lib.report import record
+
+transformers.utils.logging.disable_progress_bar()
+torch.manual_seed(0)
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+DT = "fp32"  # the tiny model ships in fp32; at 5M parameters its arithmetic is never the limit
+if not CUDA:  # on a shared machine, time with the cores that are actually free (see hardware.timing_threads)
+    torch.set_num_threads(hardware.timing_threads())
+print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
+if not CUDA:
+    print(f"timing with {torch.get_num_threads()} of {os.cpu_count()} cores")
+
+# %% [markdown]
+# ## 0 · The engine, the model, and one request's timestamps
+#
+# `Engine("tiny-target")` runs the course's embedded Llama-style model (trained on the Python standard
+# library) through our own forward pass and KV cache. Its size fixes every prediction below:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+engine = Engine("tiny-target", device=DEV, dtype=DT)
+shape = accounting.ModelShape.from_config(engine.hf_model.config, name="tiny-target")
+n_params = accounting.param_count(shape)
+assert n_params == sum(p.numel() for p in engine.hf_model.parameters())
+print(
+    f"{shape.num_layers} layers, hidden {shape.hidden_size}, {shape.num_heads} heads "
+    f"({shape.num_kv_heads} KV heads), vocab {shape.vocab_size}, context {shape.max_position}"
+)
+print(f"parameters:      {n_params:,} -> {accounting.weight_bytes(shape, DT) / 1e6:.1f} MB of {DT} weights")
+print(f"KV cache:        {accounting.kv_bytes_per_token(shape, DT):,.0f} bytes per token")
+print(f"prefill FLOPs:   {accounting.prefill_flops(shape, 1) / 1e6:.1f} MFLOP per token (≈ 2 × parameters)")
+
+# %% [markdown]
+# Every generated token carries the `time.perf_counter()` at which it reached the host. A request's
+# `RequestTrace` turns those timestamps into Huyen's three latency numbers: **TTFT** (arrival → first
+# token: the prefill), **TPOT** (the average gap between later tokens: decode steps), and **latency**
+# (arrival → last token = TTFT + TPOT × (n − 1)).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+[res] = engine.generate(["def fibonacci(n):"], SamplingParams(max_new_tokens=16, ignore_eos=True))
+tr = res.trace
+print(repr(res.text))
+print("token times after arrival (ms):", " ".join(f"{(t - tr.arrival) * 1e3:.1f}" for t in tr.token_times))
+print(
+    f"TTFT {tr.ttft * 1e3:.1f} ms, TPOT {tr.tpot * 1e3:.2f} ms, latency {tr.latency * 1e3:.1f} ms "
+    f"= TTFT + {tr.n_output - 1} x TPOT = {(tr.ttft + (tr.n_output - 1) * tr.tpot) * 1e3:.1f} ms"
+)
+
+# %% [markdown]
+# The predictions need this machine's two ceilings (chapter 00 explains the measurement). One more
+# number matters for a model this small: its weights fit in the CPU's last-level cache, so decode may
+# stream them at *cache* bandwidth, not DRAM bandwidth. We measure both.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+peaks = hardware.measured_peaks()
+PEAK, BW = peaks.peak_flops(DT), peaks.bandwidth
+w_bytes = accounting.weight_bytes(shape, DT)
+llc = hardware.detect_device().cache_bytes
+# a triad over three arrays that together hold as many bytes as the weights: they stay in the cache
+cache_bw = hardware.measure_bandwidth("triad", n_bytes=int(w_bytes / 3), device=DEV).rate(w_bytes, best=True)
+print(
+    f"measured: {PEAK / 1e9:.1f} GFLOP/s {DT} matmul, {BW / 1e9:.1f} GB/s from memory "
+    f"-> ridge {PEAK / BW:.2f} FLOP/byte"
+)
+print(
+    f"weights {w_bytes / 2**20:.1f} MiB vs last-level cache {llc / 2**20 if llc else float('nan'):.0f} MiB; "
+    f"a triad over {w_bytes / 2**20:.0f} MiB runs at {cache_bw / 1e9:.1f} GB/s ({cache_bw / BW:.1f}x memory)"
+)
+
+# %% [markdown]
+# The prompts below are slices of held-out standard-library source (the corpus' validation split), so
+# every prompt length is exact:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+pool = serving.prompt_pool(engine.tokenizer, 2048)
+print(f"{len(pool)} prompt tokens; the first 12 decode to {engine.tokenizer.decode(pool[:12])!r}")
+
+# %% [markdown]
+# ## 1 · TTFT vs input length
+#
+# *Claim* (Huyen, *AI Engineering*, ch. 9). TTFT is the time to the first token; it depends on the prefill, so on the input
+# length — worth plotting. Prefill pushes all prompt tokens through the model at once: a matrix-matrix
+# product, compute-bound (chapter 01), so its time should grow linearly with the tokens, plus a
+# quadratic attention term whose share of the FLOPs grows with the length (printed after the measurement).
+#
+# *Predict.* The roofline floor `max(FLOPs / peak FLOP/s, bytes / bandwidth)` for each length:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+lengths = course_lib.pick((8, 32, 64, 128, 256, 512, 1000), (8, 16, 32, 64, 128, 256, 512, 768, 1000))
+ttft_floor = {n: roofline.prefill_time(shape, n, PEAK, BW, DT) for n in lengths}
+for n in lengths:
+    print(
+        f"prompt {n:>5} tokens: {accounting.prefill_flops(shape, n) / 1e9:6.2f} GFLOP -> "
+        f">= {ttft_floor[n] * 1e3:7.2f} ms"
+    )
+
+# %% [markdown]
+# *Measure* (batch 1, one output token, median of repeats):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ttft_pts = serving.ttft_sweep(engine, pool, lengths, repeats=course_lib.pick(3, 7))
+ttft = {p.prompt_len: p.ttft_s for p in ttft_pts}
+overhead = ttft[lengths[0]] - ttft_floor[lengths[0]]  # fixed cost, measured at the shortest prompt
+ttft_pred = {n: overhead + ttft_floor[n] for n in lengths}
+for n in lengths:
+    print(
+        f"prompt {n:>5}: TTFT {ttft[n] * 1e3:7.2f} ms (prediction {ttft_pred[n] * 1e3:7.2f} ms = "
+        f"{overhead * 1e3:.2f} ms fixed + roofline) -> {ttft[n] / ttft_pred[n]:.2f}x"
+    )
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fig, ax = plots.plot_measured_vs_theory(
+    list(lengths),
+    [ttft[n] * 1e3 for n in lengths],
+    [ttft_pred[n] * 1e3 for n in lengths],
+    xlabel="prompt tokens",
+    ylabel="TTFT (ms)",
+    title="TTFT vs input length",
+    theory_label="fixed overhead + FLOPs / measured peak",
+)
+plt.show()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+n_long = lengths[-1]
+prefill_rate = accounting.prefill_flops(shape, n_long) / (ttft[n_long] - overhead)
+
+
+def attn_share(n):  # causal: on average (n + 1) / 2 keys per query
+    return accounting.attention_flops(shape, n, 1) * (n + 1) / 2 / accounting.prefill_flops(shape, n)
+
+
+print(
+    f"at {n_long} tokens the prefill runs at {prefill_rate / 1e9:.1f} GFLOP/s "
+    f"= {prefill_rate / PEAK:.0%} of the measured matmul peak; fixed overhead {overhead * 1e3:.2f} ms"
+)
+print(
+    f"attention is {attn_share(n_long):.0%} of the prefill FLOPs at {n_long} tokens, "
+    f"{attn_share(lengths[0]):.1%} at {lengths[0]}"
+)
+
+# %% [markdown]
+# *Explain the gap.* Short prompts sit on the fixed overhead (no tokenizing — we pass ids — but
+# allocating the KV cache, a few hundred small torch ops, sampling, copying the token to the host).
+# Longer prompts follow the FLOPs line, at the fraction of the matmul peak printed above. The curve
+# bends upward at the longest prompts because attention grows with the square of the length: its share
+# of the FLOPs is printed above, and those FLOPs — many small per-head products plus a masked softmax
+# over a (tokens × tokens) score matrix per head — run far below the rate of the big weight matmuls that
+# the prediction assumes. The model's weight matrices are small too (256 wide), so even they fall short
+# of the large square matmul that set the peak.
+#
+# ## 2 · TPOT vs batch size
+#
+# *Claim.* A decode step reads every weight and every sequence's KV cache once, for a single token per
+# sequence: bandwidth-bound. A batch shares the weight reads, so TPOT should grow much more slowly than
+# the batch while the batch is small, and only rise in step with it once the batch's FLOPs catch up
+# (chapter 01's ridge).
+#
+# *Predict.* The roofline floor per step — with the DRAM bandwidth, and with the cache bandwidth the
+# weights may enjoy here. A model this small has a third floor that no roofline shows: every torch op
+# costs a few microseconds to dispatch however tiny its tensors (chapter 01, section 3b: the
+# overhead-bound regime), and a decode step issues hundreds. We count them and time one empty op.
+#
+# *Your prediction first:* the TPOT at batch 1, in milliseconds, for this 5M-parameter model.
+
+# %%
+my_tpot_ms = None  # your guess for TPOT at batch 1, in ms
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+batches = course_lib.pick((1, 2, 4, 8, 16, 32), (1, 2, 4, 8, 16, 32, 64, 128, 256))
+PROMPT_LEN, NEW = 64, course_lib.pick(32, 64)
+ctx = PROMPT_LEN + NEW // 2  # average keys per step
+engine.add_request(pool[:ctx], SamplingParams(max_new_tokens=2, ignore_eos=True))
+engine.step()  # the prefill (and the first token)
+n_ops = profiling.count_ops(engine.step)  # one whole decode step: forward, sampling, bookkeeping
+per_op = profiling.per_op_overhead_s(DEV)
+floor = n_ops * per_op
+tpot_dram = {b: roofline.decode_time(shape, ctx, PEAK, BW, DT, b) for b in batches}
+tpot_cache = {b: roofline.decode_time(shape, ctx, PEAK, cache_bw, DT, b) for b in batches}
+print(f"a decode step dispatches {n_ops} torch ops x {per_op * 1e6:.1f} us = {floor * 1e3:.2f} ms of overhead")
+for b in batches:
+    print(
+        f"batch {b:>3}: {accounting.decode_step_bytes(shape, ctx, b, DT) / 1e6:5.1f} MB, "
+        f"{accounting.decode_flops(shape, ctx, b) / 1e6:6.1f} MFLOP -> roofline >= {tpot_dram[b] * 1e3:5.2f} ms "
+        f"(cache bandwidth: {tpot_cache[b] * 1e3:5.2f} ms); + dispatch: {(tpot_dram[b] + floor) * 1e3:5.2f} ms"
+    )
+
+# %% [markdown]
+# *Measure.* One static batch per size, the same prompt length, TPOT from the per-token timestamps.
+# Beside it we time the step's matmuls alone — the same rows through every weight matrix and nothing
+# else — to split TPOT into "streaming the weights" and "everything else":
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+runs = serving.tpot_sweep(engine, pool, batches, prompt_len=PROMPT_LEN, new_tokens=NEW, repeats=course_lib.pick(3, 5))
+tpot = {r.batch: r.tpot_s for r in runs}
+mm = {b: profiling.time_matmuls(engine, b, repeats=course_lib.pick(5, 10)) for b in batches}
+for r in runs:
+    b = r.batch
+    print(
+        f"batch {b:>3}: TPOT {tpot[b] * 1e3:6.2f} ms = matmuls {mm[b].median_s * 1e3:5.2f} ms "
+        f"({mm[b].gbps:5.1f} GB/s) + the rest {(tpot[b] - mm[b].median_s) * 1e3:5.2f} ms | "
+        f"TTFT {r.ttft_s * 1e3:6.1f} ms | {r.decode_tokens_per_s:6.0f} tok/s"
+    )
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fig, ax = plt.subplots(figsize=plots.FIGSIZE, dpi=plots.DPI)
+ax.plot(batches, [tpot[b] * 1e3 for b in batches], "o-", label="measured TPOT")
+ax.plot(batches, [mm[b].median_s * 1e3 for b in batches], "s-", ms=4, label="its matmuls alone (measured)")
+ax.plot(
+    batches,
+    [(tpot_dram[b] + floor) * 1e3 for b in batches],
+    "-.",
+    color="tab:red",
+    label="roofline (DRAM) + op dispatch",
+)
+ax.plot(batches, [tpot_dram[b] * 1e3 for b in batches], "--", color="grey", label="roofline, DRAM bandwidth")
+ax.plot(batches, [tpot_cache[b] * 1e3 for b in batches], ":", color="grey", label="roofline, cache bandwidth")
+ax.axhline(metrics.reading_speed_budget_s * 1e3, color="tab:green", lw=1, label="reading speed (120 ms)")
+ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="time per decode step (ms)", title="TPOT vs batch size")
+ax.grid(True, which="both", alpha=0.25)
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+fig.tight_layout()
+plt.show()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+b1, bN = batches[0], batches[-1]
+rest = tpot[b1] - mm[b1].median_s
+print(
+    f"batch 1: TPOT {tpot[b1] * 1e3:.2f} ms = {tpot[b1] / tpot_dram[b1]:.1f}x the DRAM roofline, "
+    f"{tpot[b1] / (tpot_dram[b1] + floor):.1f}x roofline + dispatch"
+)
+print(
+    f"  its {len(profiling.matmul_weights(engine))} matmuls alone: {mm[b1].median_s * 1e3:.2f} ms, the weights streamed at {mm[b1].gbps:.1f} GB/s "
+    f"= {mm[b1].gbps * 1e9 / BW:.0%} of the DRAM figure, {mm[b1].gbps * 1e9 / cache_bw:.0%} of the cache figure"
+)
+print(
+    f"  everything else: {rest * 1e3:.2f} ms = {rest / tpot[b1]:.0%} of the step "
+    f"({n_ops} ops in the step; an empty op costs {per_op * 1e6:.1f} us)"
+)
+print(f"batch {bN}: {bN}x the tokens per step for {tpot[bN] / tpot[b1]:.1f}x the step time")
+compare_prediction("TPOT at batch 1 (ms)", my_tpot_ms, theory=(tpot_dram[b1] + floor) * 1e3, measured=tpot[b1] * 1e3)
+b4 = min(batches[1:], key=lambda b: abs(b - 4))
+tpot_slow = claim(
+    f"from batch 1 to {b4} the step time grows by less than half",
+    tpot[b4] / tpot[b1],
+    at_most=1.5,
+    why_not="this model is so small that per-sequence work (attention, KV writes, sampling) "
+    "costs about as much as streaming its weights: the batch is not free even when it is small",
+)
+tpot_sublinear = claim(
+    f"batch {bN} costs less than half of {bN} separate steps",
+    tpot[bN] / tpot[b1],
+    at_most=bN / 2,
+    why_not="past the ridge batch each sequence's FLOPs and KV reads add their own time",
+)
+
+# %% [markdown]
+# *Explain the gap.* The roofline assumes a decode step is nothing but the weights streaming from
+# memory at full bandwidth. The two measurements split the real step. The matmuls alone show how fast
+# the matmul library streams the weights as separate small products, one per weight matrix. Since the
+# fp32 weights fit in a CPU's last-level cache (section 0 compares the two), they could in principle
+# stream faster than the DRAM roof — the cache roof is the dotted line — but products with one or a
+# few rows usually fall short of either roof. Everything else — norms, rotary embeddings, KV-cache writes, attention, sampling, a few
+# hundred ops dispatched one by one from Python — costs the rest, and for a 256-wide model that is a
+# large share of the step: the roofline sees bytes and FLOPs, not ops. That is why real engines capture
+# the decode step in a CUDA graph or compile it: a 7B model's step moves gigabytes and
+# the same few hundred dispatches vanish in it, but a small model — or a fast GPU — is dominated by
+# them. As the batch grows the weights are read once for everyone, so the step time grows far more
+# slowly than the batch; the per-sequence work — FLOPs, KV-cache reads, attention, sampling — adds its
+# own share per sequence, and for a model this narrow that share is large from the start (the verdicts
+# above say how it went here).
+#
+# ## 3 · Latency is a distribution: percentiles, not the mean
+#
+# *Claim* (Huyen, *AI Engineering*, ch. 9). Latency follows a distribution; outliers are common and distort the mean, so
+# report p50 (the median), p90, p95 and p99.
+#
+# A workload of requests with varied prompts and a long-tailed mix of answer lengths (most short, a
+# few long — like chat traffic), served one at a time by a quiet server. *Predict*: since
+# latency ≈ a + c · output tokens, the latency distribution inherits the shape of the output lengths,
+# which are known before running anything:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+N_REQ = 100  # the same in quick and full mode: this cell's output is checked
+workload = serving.make_workload(pool, N_REQ, prompt_lens=(16, 256), output_median=16, output_max=128, seed=0)
+outs = [r.max_new_tokens for r in workload]
+pcts = metrics.percentiles(outs)
+print(
+    f"{N_REQ} requests, output tokens: "
+    + ", ".join(f"p{p} {v:.0f}" for p, v in pcts.items())
+    + f", mean {np.mean(outs):.1f}, max {max(outs)}"
+)
+print(f"mean / p50 = {np.mean(outs) / pcts[50]:.2f}; p99 / p50 = {pcts[99] / pcts[50]:.1f}")
+print(f"with {N_REQ} requests only {N_REQ // 100} lies above p99: a p99 over fewer than ~100 requests is the maximum")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+dist_traces = serving.serve(engine, workload, batch_size=1)
+dist = metrics.summarize(dist_traces)
+print(dist.table())
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+lat_ms = np.array([t.latency for t in dist_traces]) * 1e3
+fig, ax = plt.subplots(figsize=plots.FIGSIZE, dpi=plots.DPI)
+ax.hist(lat_ms, bins=30, color="tab:blue", alpha=0.7)
+for (name, value), style in zip(
+    [("mean", dist.mean_latency)] + [(f"p{p}", v) for p, v in dist.latency.items()], ["-", "--", "-.", ":", (0, (1, 4))]
+):
+    ax.axvline(
+        value * 1e3, color="tab:red" if name == "mean" else "black", ls=style, label=f"{name} {value * 1e3:.0f} ms"
+    )
+ax.set(xlabel="end-to-end latency (ms)", ylabel="requests", title=f"latency of {N_REQ} requests, one at a time")
+ax.legend(fontsize=8, loc="upper right")
+plt.show()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+lat_p = dist.latency
+share_below_mean = float(np.mean(lat_ms < dist.mean_latency * 1e3))
+print(
+    f"mean {dist.mean_latency * 1e3:.0f} ms vs p50 {lat_p[50] * 1e3:.0f} ms: {share_below_mean:.0%} of "
+    f"requests finish faster than the 'average' request"
+)
+print(
+    f"p99 / p50 = {lat_p[99] / lat_p[50]:.1f}; the slowest request alone moves the mean by "
+    f"{(dist.mean_latency - np.mean(np.sort(lat_ms)[:-1]) / 1e3) * 1e3:.0f} ms"
+)
+
+# %% [markdown]
+# *Predict the tail from the parts.* If latency = TTFT + TPOT × (n − 1) with this server's median TTFT
+# and TPOT, the p99/p50 of latency is *smaller* than the output lengths' p99/p50: the fixed TTFT is paid
+# by short and long answers alike. What the prediction misses is the machine's own noise.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ttft_med = np.median([t.ttft for t in dist_traces])
+tpot_med = np.median([t.tpot for t in dist_traces if t.n_output > 1])
+pred_lat = np.array([ttft_med + tpot_med * (n - 1) for n in outs])
+pred_ratio = np.percentile(pred_lat, 99) / np.percentile(pred_lat, 50)
+meas_ratio = lat_p[99] / lat_p[50]
+print(
+    f"p99/p50: output lengths {pcts[99] / pcts[50]:.2f}, latency predicted from lengths {pred_ratio:.2f}, "
+    f"measured {meas_ratio:.2f}"
+)
+tail_from_lengths = claim(
+    "the latency tail is the answer-length tail (measured p99/p50 within 25% of the prediction)",
+    meas_ratio / pred_ratio,
+    at_least=0.8,
+    at_most=1.25,
+    why_not="other jobs on this machine, page faults or a garbage collection stretched some requests",
+)
+
+# %% [markdown]
+# *Explain.* The mean sits above the median because a few long answers pull it up: most users get
+# something faster than "the average", and the p99 user waits a multiple of the median — numbers a
+# mean cannot show. Most of the latency tail is the answer-length tail, damped by the fixed TTFT every
+# request pays. Whatever the verdict above leaves over is the machine's own outliers (another job, a
+# page fault), the kind Huyen warns about. This is why SLOs are written on percentiles ("p99 TTFT under
+# 500 ms"), and why `metrics.summarize` prints them first.
+#
+# ## 4 · The human reading-speed budget
+#
+# *Claim* (Huyen, *AI Engineering*, ch. 9). A stream needs to be no faster than people read: about 120 ms per token
+# (6–8 tokens/s). Everything faster is speed the server can spend on something else — bigger batches.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+budget = metrics.reading_speed_budget_s
+print(f"reading speed budget: {budget * 1e3:.0f} ms/token = {1 / budget:.1f} tokens/s")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+within = [b for b in batches if tpot[b] <= budget]
+print(f"batch 1: TPOT {tpot[b1] * 1e3:.2f} ms -> {budget / tpot[b1]:.0f}x faster than anyone reads")
+if within:
+    bw_ = max(within)
+    print(
+        f"every batch up to {bw_} keeps TPOT under the budget ({tpot[bw_] * 1e3:.1f} ms at batch {bw_}): "
+        f"{bw_} readers served at once, {bw_ / tpot[bw_]:.0f} tokens/s in all"
+    )
+else:
+    print("no batch size keeps TPOT under the reading budget on this machine")
+
+# %% [markdown]
+# *Explain.* Once TPOT is under the budget, a lower TPOT buys the user nothing, and the spare speed is
+# better spent on serving more streams at once (part 2, section 3). TTFT has no such budget: it is dead time
+# before anything appears, which is why serving systems protect it separately.
+#
+# ## 5 · Trading TTFT against TPOT
+#
+# *Claim* (Huyen, *AI Engineering*, ch. 9). TTFT can be lowered at the expense of TPOT by moving
+# compute from decode to prefill. Here is where that choice is made in a real engine. A long prompt
+# arrives while another request is decoding. Each engine step has a **token budget**
+# (`SchedulerConfig.max_num_batched_tokens`). A big budget prefills the whole newcomer in one step: its
+# TTFT is short, but the request already streaming waits through that whole prefill for its next token.
+# A small budget cuts the prompt into chunks (*chunked prefill*, chapter 06) and mixes one chunk into
+# each decode step. The streaming request keeps its pace, and the newcomer's TTFT grows with the number
+# of chunks.
+#
+# *Predict:* with a 512-token prompt, which budget gives the newcomer the shortest TTFT, and which
+# gives the running request the shortest worst gap between two tokens?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+budgets = course_lib.pick((32, 128, 1024), (16, 32, 64, 128, 256, 1024))
+trade = serving.prefill_interference(engine, pool, budgets, prompt_len=512, repeats=course_lib.pick(2, 5))
+print(f"{'budget':>7}{'prefill steps':>15}{'newcomer TTFT':>15}{'running TPOT':>14}{'worst gap':>11}")
+for r in trade:
+    print(
+        f"{r.budget:>7}{r.prefill_steps:>15}{r.new_ttft_s * 1e3:>12.1f} ms{r.running_tpot_s * 1e3:>11.2f} ms"
+        f"{r.running_max_gap_s * 1e3:>8.1f} ms"
+    )
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fig, ax = plt.subplots(figsize=plots.FIGSIZE, dpi=plots.DPI)
+ax.plot([r.running_max_gap_s * 1e3 for r in trade], [r.new_ttft_s * 1e3 for r in trade], "o-")
+for r in trade:
+    ax.annotate(
+        f"budget {r.budget}",
+        (r.running_max_gap_s * 1e3, r.new_ttft_s * 1e3),
+        fontsize=7,
+        xytext=(4, 4),
+        textcoords="offset points",
+    )
+ax.set(
+    xlabel="worst gap between two tokens of the running request (ms)",
+    ylabel="TTFT of the newcomer (ms)",
+    title="one knob, two latencies: the per-step token budget",
+)
+ax.grid(True, alpha=0.25)
+plt.show()
+small, big = trade[0], trade[-1]
+tradeoff = claim(
+    "a bigger budget lowers the newcomer's TTFT and raises the running request's worst gap",
+    min(small.new_ttft_s / big.new_ttft_s, big.running_max_gap_s / small.running_max_gap_s),
+    at_least=1.0,
+    why_not="the steps are so short that the fixed cost per step hides the prefill (try a longer prompt)",
+)
+
+# %% [markdown]
+# *Explain.* The budget is a dial between two latencies that no single setting minimises. With a big
+# budget, the stalled step costs about as much as prefilling the whole prompt, and every request that
+# is streaming pays it. With a small one, the newcomer pays a fixed per-step cost once per chunk, which
+# is why its TTFT grows faster than its share of the FLOPs. Serving systems choose the budget from
+# their SLOs: an interactive chat product protects TPOT, a system that answers short questions protects
+# TTFT. Chapter 06 builds continuous batching and chunked prefill on this knob; disaggregated serving
+# removes the trade-off by running prefill and decode on different machines.
+#
+# ## 6 · Time to publish: when the first tokens are not shown
+#
+# *Claim* (Huyen, *AI Engineering*, ch. 9). An agent first runs steps the user never sees: it plans,
+# calls tools, reasons. TTFT then says little. What the user feels is **time to publish**, the time
+# until the first token they actually see. We simulate the smallest agent: the model writes a hidden
+# draft of 32 tokens, then the visible answer is generated from the prompt plus the draft.
+#
+# *Predict:* time to publish ≈ TTFT + 31 × TPOT (the hidden draft) + the second prefill.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+HIDDEN = 32
+task = pool[:64]
+[draft] = engine.generate([task], SamplingParams(max_new_tokens=HIDDEN, ignore_eos=True))
+t0 = draft.trace.arrival  # the user's request arrived here
+[visible] = engine.generate([task + draft.output_ids], SamplingParams(max_new_tokens=8, ignore_eos=True))
+time_to_publish = visible.trace.token_times[0] - t0
+predicted = draft.trace.ttft + (HIDDEN - 1) * draft.trace.tpot + visible.trace.ttft
+print(f"TTFT of the first call:  {draft.trace.ttft * 1e3:7.1f} ms   (what a latency dashboard would show)")
+print(f"time to publish:         {time_to_publish * 1e3:7.1f} ms   (what the user waits)")
+print(f"predicted from the parts {predicted * 1e3:7.1f} ms = TTFT + {HIDDEN - 1} x TPOT + second TTFT")
+publish_ratio = claim(
+    "time to publish is several times the TTFT (3x or more)",
+    time_to_publish / draft.trace.ttft,
+    at_least=3,
+    why_not="a TTFT this long (a slow prefill) makes the hidden draft look cheap in comparison",
+)
+
+# %% [markdown]
+# *Explain.* The hidden draft costs whole decode steps, so for agents TPOT, not TTFT, dominates the time
+# to publish, and the longer the hidden work, the less the first call's TTFT matters. The second call also
+# prefills the draft again here. A real agent framework keeps the KV cache of the shared prefix
+# (*prefix caching*, chapter 06) and pays only for the new tokens.
+#
+# ## 7 · The same text, a different number of tokens
+#
+# *Claim* (Huyen, *AI Engineering*, ch. 9). APIs charge per token, and throughput is counted in tokens,
+# but two models with different tokenizers turn the same text into different numbers of tokens. Compare
+# cost per request, not cost per token. We train a few byte-level BPE tokenizers of different vocabulary
+# sizes on the course's corpus (seconds), and count the tokens of the same held-out texts under each,
+# beside raw UTF-8 bytes and the course's own tokenizer.
+#
+# *Predict:* which text costs the most tokens per character under a tokenizer trained on Python code?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+rows = tokencost.compare_tokenizers()
+print(tokencost.format_table(rows))
+
+# %% [markdown]
+# *Explain.* A bigger vocabulary learns longer pieces, so the same code takes fewer tokens. Text
+# unlike the training data (prose in another language, digits) falls back to short pieces, down to
+# single bytes: a Korean sentence can cost several times the tokens per character of Python. Prices and
+# throughputs in tokens are therefore comparable only between models that share a tokenizer. A fair
+# comparison runs the same requests and counts requests and dollars, not tokens.
+#
+# ### Record the headline figures
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ch = "02_metrics_1_latency"
+record(
+    ch,
+    f"ttft_ms_T{n_long}",
+    ttft[n_long] * 1e3,
+    "ms",
+    theory=ttft_pred[n_long] * 1e3,
+    note="theory: fixed overhead + FLOPs / measured peak",
+)
+record(
+    ch,
+    "tpot_ms_b1",
+    tpot[b1] * 1e3,
+    "ms",
+    theory=(tpot_dram[b1] + floor) * 1e3,
+    note="theory: DRAM roofline + op dispatch",
+)
+record(ch, f"tpot_ms_b{bN}", tpot[bN] * 1e3, "ms", theory=(tpot_dram[bN] + floor) * 1e3)
+record(ch, "latency_p99_over_p50", dist.latency[99] / dist.latency[50], "x", theory=pred_ratio)
+record(ch, "time_to_publish_over_ttft", time_to_publish / draft.trace.ttft, "x", theory=predicted / draft.trace.ttft)
+print("recorded", ch)
+
+# %% [markdown]
+# ## 8 · Exercises
+#
+# Replace `None` with an expression; the check computes the expected value from `course_lib`.
+#
+# **Exercise 1.** A request arrives at t = 10 s; its six tokens are emitted at the times printed below.
+# What are its TTFT and TPOT, in milliseconds?
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from course_lib.exercises import ch02
+
+print(ch02.exercise_trace().token_times)
+ttft_ms, tpot_ms = None, None
+ch02.check_ttft_tpot(ttft_ms, tpot_ms)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# TTFT = 10.45 − 10 = 0.45 s = 450 ms. TPOT = (10.70 − 10.45) / (6 − 1) = 50 ms: five gaps between six
+# tokens. (`trace.ttft * 1e3`, `trace.tpot * 1e3`.)
+# </details>
+#
+# **Exercise 2.** Ten latencies (s), one of them an outlier. Give the median (p50) and the mean.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(ch02.EXERCISE_LATENCIES_S)
+p50, mean = None, None
+ch02.check_p50_mean(p50, mean)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `metrics.percentiles(ch02.EXERCISE_LATENCIES_S, (50,))[50]` and `np.mean(...)`: the median stays near
+# one second, the single 12 s request doubles the mean.
+# </details>
+#
+# **Exercise 3 (re-measure).** Predict, then measure, the TTFT of a 900-token prompt on this machine.
+# Use your own measurements from section 1: the fixed overhead plus the prefill FLOPs at the rate the
+# longest prompt reached (`overhead`, `prefill_rate`, `accounting.prefill_flops`). Then run the cell: it
+# measures the TTFT and checks your prediction within 35%.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+my_ttft_900_ms = None  # your prediction, in ms
+ch02.check_remeasured_ttft(my_ttft_900_ms, engine, pool, n_tokens=900)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `my_ttft_900_ms = (overhead + accounting.prefill_flops(shape, 900) / prefill_rate) * 1e3`. A linear
+# model in the FLOPs works because `accounting.prefill_flops` already counts the attention term; what it
+# cannot know is that attention runs at a lower rate than the weight matmuls, so from a short prompt's
+# rate it predicts too little.
+# </details>
+#
+# **Exercise 4 (your peaks).** From this machine's measured bandwidth (`BW`, bytes/s), what is the
+# smallest TPOT, in ms, that streaming tiny-target's fp32 weights once per step allows at batch 1?
+# (`accounting.weight_bytes(shape, "fp32")`; ignore the KV cache.)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+answer = None  # ms
+ch02.check_weight_stream_ms(answer, bandwidth=BW, model="tiny-target")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `answer = accounting.weight_bytes(shape, "fp32") / BW * 1e3`. Compare it with the TPOT measured in
+# section 2: for a model this small, the op count sets the step time, not the bytes.
+# </details>
+#
+# ## Summary
+#
+# * **Latency** has three faces, all read from per-token timestamps: **TTFT** (prefill; grows with the
+#   input length — plot it), **TPOT** (decode; grows slowly with the batch while the weights are shared,
+#   on a floor of per-op overhead for a small model) and end-to-end latency = TTFT + TPOT × (n − 1).
+# * Latency is a distribution: report **p50, p90, p95, p99**, over enough requests (a p99 needs about
+#   a hundred). Long answers and stray stalls are outliers that pull the mean away from what most users
+#   see.
+# * A TPOT below the **reading speed** (~120 ms/token) buys the reader nothing; spend the margin on
+#   batch size (part 2).
+# * **TTFT and TPOT trade against each other** through the per-step token budget: prefilling a newcomer
+#   at once stalls everyone streaming, chunking it delays the newcomer.
+# * For agents, **time to publish** (the first token the user sees) is what counts, and it is paid in
+#   decode steps.
+# * **Tokens are not a unit of text**: compare models by cost per request, not per token.
+#
+# Part 2 (`02_metrics_2_throughput_utilization.ipynb`) turns to throughput, goodput, MFU and MBU.
