@@ -873,6 +873,41 @@ ch01.check_bound(answer, phase="prefill", model="llama-2-7b", gpu="A100 80GB SXM
 # section 6 printed the H100 case; for the A100 see `llm_phases("A100 80GB SXM", "llama-2-7b", prompt_len=512).prefill`.
 # </details>
 #
+# **Exercise 5 (re-measure).** Section 4 timed decode with a 16-token context. Change the experiment:
+# before running anything, predict whether a batch-8 decode step of the same model gets slower with a
+# 512-token KV cache per sequence, and by how much (`accounting.decode_step_bytes` tells you the extra
+# bytes). Then time it with `phases.time_decode(model, shape, batch=8, context_len=512, dtype=DT)` and
+# give its median in ms; the check measures it again and accepts your number within 35%.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+answer = None  # ms, your measured median
+ch01.check_remeasured_decode_ms(answer, model, shape, batch=8, context_len=512, dtype=DT)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `answer = phases.time_decode(model, shape, batch=8, context_len=512, dtype=DT).median_s * 1e3`. The
+# KV cache adds 8 × 512 × `accounting.kv_bytes_per_token(shape, DT)` bytes per step, a few percent of
+# the weights in quick mode, and the attention over 512 keys adds ops and FLOPs: a little slower.
+# </details>
+#
+# **Exercise 6 (your peaks).** With this machine's measured ridge (`roof.ridge`), what is the smallest
+# batch at which section 4's model, with its 16-token context, reaches the ridge?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+answer = None  # an integer batch size
+ch01.check_ridge_batch_here(answer, shape, roof.ridge, context_len=CTX, dtype=DT)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `answer = next(b for b in range(1, 100_000) if accounting.decode_intensity(shape, CTX, b, DT) >= roof.ridge)`,
+# the number section 4 printed. Compare it with the batch where your measured step time started to
+# grow with the batch.
+# </details>
+#
 # ## Summary
 #
 # * **Compute-bound vs memory-bandwidth-bound** (Huyen, *AI Engineering*, ch. 9) is decided by comparing an operation's

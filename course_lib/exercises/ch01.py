@@ -68,3 +68,32 @@ def check_bound(
         expected,
         hint="compare the phase's intensity with the GPU's ridge point.",
     )
+
+
+def check_remeasured_decode_ms(answer_ms, model, shape, batch: int = 8, context_len: int = 512, dtype: str = "fp32"):
+    """Exercise 5 (re-measure): the median time (ms) of one decode step of section 4's model at
+    ``batch`` with a ``context_len``-token KV cache, measured by the learner; the check measures again."""
+    from course_lib.exercises import check_measurement
+    from course_lib.phases import time_decode
+
+    return check_measurement(
+        f"decode step at batch {batch}, context {context_len}",
+        answer_ms,
+        lambda: time_decode(model, shape, batch=batch, context_len=context_len, dtype=dtype, repeats=5).median_s * 1e3,
+        unit="ms",
+        hint="phases.time_decode(model, shape, batch=..., context_len=..., dtype=DT).median_s * 1e3",
+    )
+
+
+def check_ridge_batch_here(answer, shape: ModelShape, ridge: float, context_len: int = 16, dtype: str = "fp32"):
+    """Exercise 6 (your peaks): the smallest batch at which ``shape``'s decode reaches this
+    machine's measured ``ridge`` (FLOP/byte)."""
+    if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or ridge <= 0:
+        raise ValueError(f"ridge must be a positive number of FLOP/byte, got {ridge!r}")
+    return check(
+        "smallest batch where this model's decode reaches this machine's ridge",
+        answer,
+        batch_to_reach(ridge, shape, context_len=context_len, dtype=dtype),
+        rtol=0.0,
+        hint="loop over batches with accounting.decode_intensity(shape, 16, b, DT) until it reaches roof.ridge.",
+    )

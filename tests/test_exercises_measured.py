@@ -1,0 +1,64 @@
+"""Exercises that re-measure, or use the learner's own peaks: right within tolerance, wrong raises,
+unanswered waits without measuring."""
+
+import pytest
+
+from course_lib import exercises
+from course_lib.exercises import ch00, ch01, ch02
+from course_lib.models.accounting import ModelShape, weight_bytes
+from course_lib.roofline import batch_to_reach, output_input_ratio
+
+
+def test_check_measurement_tolerance_and_laziness(capsys):
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return 10.0
+
+    assert not exercises.check_measurement("t", None, measure)
+    assert not calls  # unanswered: nothing is measured
+    assert exercises.check_measurement("t", 12.0, measure, rtol=0.35)
+    assert "re-measured here: 10" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="❌ t"):
+        exercises.check_measurement("t", 20.0, measure, rtol=0.35)
+    with pytest.raises(ValueError, match="measure must be a callable"):
+        exercises.check_measurement("t", 1.0, 3.0)
+
+
+def test_own_peaks_exercises():
+    assert ch00.check_stream_time_ms(1e9 / 40e9 * 1e3, bandwidth=40e9)
+    with pytest.raises(AssertionError):
+        ch00.check_stream_time_ms(1e9 / 40e9, bandwidth=40e9)  # seconds, not ms
+    with pytest.raises(ValueError, match="bandwidth"):
+        ch00.check_stream_time_ms(1.0, bandwidth=0)
+    tiny = ModelShape.from_embedded("tiny-target")
+    assert ch02.check_weight_stream_ms(weight_bytes(tiny, "fp32") / 30e9 * 1e3, bandwidth=30e9)
+    assert ch02.check_ratio_on_this_machine(output_input_ratio(tiny, 2e11, 4e10, "fp32"), 2e11, 4e10)
+    with pytest.raises(ValueError, match="peak_flops"):
+        ch02.check_ratio_on_this_machine(1.0, -1, 4e10)
+    s7 = ModelShape.from_name("llama-2-7b")
+    b = batch_to_reach(5.0, s7, context_len=16, dtype="fp32")
+    assert ch01.check_ridge_batch_here(b, s7, 5.0)
+    with pytest.raises(AssertionError):
+        ch01.check_ridge_batch_here(b + 1, s7, 5.0)
+
+
+def test_remeasuring_checks_measure(monkeypatch):
+    from course_lib import hardware
+
+    class FakeTiming:
+        bytes = 3 * 2**20
+
+        def rate(self, amount, best=False):
+            return 150e9
+
+    class FakePeaks:
+        triad_gbs = 50.0
+
+    monkeypatch.setattr(hardware, "measure_bandwidth", lambda *a, **k: FakeTiming())
+    monkeypatch.setattr(hardware, "machine_peaks", lambda *a, **k: FakePeaks())
+    assert ch00.check_cache_speedup(3.1)  # 150 / 50 = 3, within 35%
+    with pytest.raises(AssertionError):
+        ch00.check_cache_speedup(1.0)
+    assert not ch00.check_cache_speedup(None)
