@@ -232,7 +232,8 @@ def fits_in_memory(
     ``model``'s weights (a ``ModelShape`` or preset name) on one ``gpu`` (a name or ``GpuSpec``).
     Returns a ``Capacity``; its ``str`` says what overflows and how many sequences would fit.
     ``usable``: the share of the memory an engine may fill (vLLM's ``gpu_memory_utilization`` default,
-    0.9; the rest holds the CUDA context, activations and allocator slack)."""
+    0.9, data/references.json: vllm_gpu_memory_utilization; the rest holds the CUDA context, activations
+    and allocator slack)."""
     check_positive_int("batch", batch)
     if isinstance(usable, bool) or not isinstance(usable, (int, float)) or not 0 < usable <= 1:
         raise ValueError(f"usable must be a fraction in (0, 1], got {usable!r}")

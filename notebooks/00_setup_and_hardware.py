@@ -444,15 +444,20 @@ ch00.check_weight_read_ms(answer, model="llama-2-7b", gpu="H200 SXM")
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# `answer = weight_bytes(ModelShape.from_name("llama-2-7b"), "bf16") / hardware.gpu_spec("H200 SXM").bandwidth * 1e3`
-# — the weights' bytes over the datasheet bandwidth. Its inverse is the batch-1 ceiling in tokens per second; chapter 01 asks
+# ```python
+# from course_lib.models.accounting import ModelShape, weight_bytes
+# answer = weight_bytes(ModelShape.from_name("llama-2-7b"), "bf16") / hardware.gpu_spec("H200 SXM").bandwidth * 1e3
+# ```
+#
+# The weights' bytes over the datasheet bandwidth. Its inverse is the batch-1 ceiling in tokens per second; chapter 01 asks
 # why no amount of compute can beat it.
 # </details>
 #
 # **Exercise 4 (re-measure).** The STREAM arrays above were made larger than the last-level cache on
 # purpose. Change the experiment: run the triad over arrays of 1 MiB each, which stay in the cache
 # (`hardware.measure_bandwidth("triad", n_bytes=2**20)`), and give its best rate as a multiple of the
-# DRAM triad (`peaks.triad_gbs`). The check measures both again and accepts your number within 35%.
+# DRAM triad (`peaks.triad_gbs`). The check measures the small triad again, divides by the same cached
+# DRAM figure and accepts your number within 35%.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -466,8 +471,8 @@ ch00.check_cache_speedup(answer, n_bytes=2**20)
 # small = hardware.measure_bandwidth("triad", n_bytes=2**20)
 # answer = small.rate(small.bytes, best=True) / (peaks.triad_gbs * 1e9)
 # ```
-# On most CPUs the cache is several times faster than DRAM. Chapter 02 meets the consequence: a model
-# whose weights fit in the cache can stream them faster than the DRAM roof.
+# On most CPUs the cache is several times faster than DRAM. Chapter 02 asks whether a model whose
+# weights fit in the cache really streams them that fast (small matrix products often reach neither roof).
 # </details>
 #
 # **Exercise 5 (your peaks).** Using this machine's measured bandwidth (`peaks.bandwidth`, in bytes/s),

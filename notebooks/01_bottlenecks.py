@@ -410,7 +410,8 @@ op_model_ok = claim(
 # times their cost. That is why production engines fuse ops into one kernel (a Triton kernel, as on the
 # GPU path here; `torch.compile`) and, on a GPU, replay a whole decode step as one CUDA graph: they remove
 # ops, not FLOPs or bytes. Chapter 02 counts the ops of one decode step of the course's engine and
-# multiplies by this per-op cost: for a small model that product, not the roofline, is the floor of the
+# multiplies by a per-op cost measured the same way (with ops that allocate their output, which cost a
+# little more than this one): for a small model that product, not the roofline, is the floor of the
 # time per output token.
 #
 # ## 4 · A transformer layer: prefill vs decode
@@ -551,13 +552,14 @@ if dips:
 # %% [markdown]
 # *Explain the gap.* Decode at batch 1 sits far left on the slope: it streams every weight once for a
 # single multiply-add each, so the roofline's floor is the weight bytes divided by the bandwidth. While
-# the batch is below the ridge batch, more sequences share the same weight reads; past it, decode is
+# the batch is below the ridge batch, more sequences should share the same weight reads almost for free
+# (the first verdict says how far that held here); past it, decode is
 # compute-bound like prefill and the step time grows with the batch. A CPU's ridge is low, so this happens
 # at a small batch here; on the GPUs of section 6 it takes hundreds of sequences. The measured points sit
 # below the ceilings because the real model does more than the accounting counts: norms, rotary
 # embeddings, softmax, the KV-cache bookkeeping of `transformers`, and Python overhead per layer
 # (section 3b's third regime). Those costs weigh most on the shortest steps. When a larger batch runs
-# *faster* than a smaller one (the note above the plot, if printed), the matmul library has picked a
+# *faster* than a smaller one (the note printed under the verdicts, if any), the matmul library has picked a
 # different algorithm for that shape: for 1 row it runs a matrix-vector kernel, for a few rows small-GEMM
 # kernels whose efficiency jumps with the row count. A roofline bounds a time from below; it does not
 # order two points below it.
@@ -638,23 +640,27 @@ for gpu in ("H100 SXM", "H200 SXM", "A100 80GB SXM", "L4", "RTX 4090"):
 # Bandwidth is one side of memory; the other is size. A GPU must hold the weights **and** every running
 # sequence's KV cache, which grows with the batch and the context. *Predict:* does Llama-2-7B in bf16 at
 # batch 256 with 512-token contexts fit on one H100, and if not, which part overflows? (`fits_in_memory`
-# counts the weights and the KV cache, lets an engine fill 90% of the memory as vLLM does by default,
+# counts the weights and the KV cache, lets an engine fill 90% of the memory (vLLM's default, cited by
+# the cell),
 # and ignores activations. Sizes in GB = 10⁹ bytes; a datasheet's "80GB" is 80 GiB = 85.9 GB.)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-for model, gpu, b, ctx in (
+print(references.cite("vllm_gpu_memory_utilization", link=False))
+for m_name, gpu_name, b_cap, ctx_cap in (
     ("llama-2-7b", "H100 SXM", 1, 512),
     ("llama-2-7b", "H100 SXM", 256, 512),
     ("llama-2-7b", "T4", 4, 4096),
     ("llama-2-70b", "H100 SXM", 1, 512),
 ):
-    print(f"{model} bf16, batch {b} x {ctx} tokens:\n  {roofline.fits_in_memory(model, gpu, b, ctx)}")
+    print(f"{m_name} bf16, batch {b_cap} x {ctx_cap} tokens:")
+    print(f"  {roofline.fits_in_memory(m_name, gpu_name, b_cap, ctx_cap)}")
 
 # %% [markdown]
 # Batching pushes decode toward the ridge, but the KV cache it brings can run out of memory first: the
 # batch a GPU can *hold* may be smaller than the batch it needs to become compute-bound. Chapter 05 shrinks
-# the cache (GQA, paging, quantized KV); chapter 07 splits the model over several GPUs.
+# the cache (GQA, paging, quantized KV; chapter 05, in preparation); chapter 07 splits the model over
+# several GPUs.
 #
 # Why not keep the KV cache in the fast on-chip cache, as a CPU keeps a small working set? Compare the
 # sizes. The GPUs' L2 sizes are from NVIDIA's architecture whitepapers (`data/references.json`):
@@ -672,7 +678,7 @@ for gpu, mb in l2.items():
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-tiny = accounting.ModelShape.from_embedded("tiny-target")  # the 5M-parameter model of chapter 02
+tiny = accounting.ModelShape.from_embedded("tiny-target")  # the embedded model of chapter 02
 tiny_kv = accounting.kv_bytes_per_token(tiny, "fp32") * tiny.max_position  # one sequence at full context
 tiny_w = accounting.weight_bytes(tiny, "fp32")
 llc = hardware.detect_device().cache_bytes
@@ -698,7 +704,7 @@ if llc:
 #
 # Decode time ≈ bytes per step ÷ bandwidth. There are two ways to shrink it without changing the model.
 # Split the bytes over several chips (tensor parallelism, chapter 07: each chip streams 1/n of the
-# weights and KV cache, and pays for communication, ignored here). Or buy a chip with faster memory: the
+# weights and KV cache, and pays for communication, ignored here; chapter 07, in preparation). Or buy a chip with faster memory: the
 # H200 has the H100's compute with 4.8 instead of 3.35 TB/s. *Predict:* how many H100s match one H200?
 
 # %%
@@ -710,7 +716,7 @@ for row in roofline.decode_time_options(
 
 # %% [markdown]
 # Bandwidth scales both ways. More chips also add memory capacity, which a faster chip alone does not,
-# but they cost communication at every layer. Chapter 07 measures that cost.
+# but they cost communication at every layer, which chapter 07 (in preparation) will measure.
 #
 # ### Weights must live next to the compute: the host→device link
 #
@@ -732,7 +738,8 @@ else:
     print(transfer.SKIP_MESSAGE)
     print(
         f"on this CPU the 'host' and the 'device' share one DRAM: a copy runs at {copy.gbps:.1f} GB/s "
-        "(reads + writes counted, so the payload moves at half that)"
+        f"(reads + writes counted, so the payload moves at half that); chapter 00's STREAM copy: "
+        f"{peaks.copy_gbs:.1f} GB/s (on a shared virtual machine the two can differ a lot between runs)"
     )
 
 # %% [markdown]
@@ -888,8 +895,10 @@ ch01.check_remeasured_decode_ms(answer, model, shape, batch=8, context_len=512, 
 # <details><summary>Answer</summary>
 #
 # `answer = phases.time_decode(model, shape, batch=8, context_len=512, dtype=DT).median_s * 1e3`. The
-# KV cache adds 8 × 512 × `accounting.kv_bytes_per_token(shape, DT)` bytes per step, a few percent of
-# the weights in quick mode, and the attention over 512 keys adds ops and FLOPs: a little slower.
+# KV cache adds 8 × 512 × `accounting.kv_bytes_per_token(shape, DT)` bytes per step; as a share of the
+# weights that is `8 * 512 * accounting.kv_bytes_per_token(shape, DT) / accounting.weight_bytes(shape, DT)`,
+# large for this model (its 8 KV heads are not grouped). A bandwidth-bound step grows by about that share,
+# and the attention over 512 keys adds FLOPs and ops on top.
 # </details>
 #
 # **Exercise 6 (your peaks).** With this machine's measured ridge (`roof.ridge`), what is the smallest

@@ -21,7 +21,7 @@
 # (**throughput**) and for requests that met their promise (**goodput**); an engineer asks how close
 # the hardware runs to its ceilings (**MFU** for compute, **MBU** for bandwidth). Chip Huyen
 # (*AI Engineering*, ch. 9) defines them all. Chapter 02 measures each one on the course's own engine
-# and its 5-million-parameter model, always the same way: state the claim, predict, measure, plot,
+# and its small embedded model, always the same way: state the claim, predict, measure, plot,
 # and explain the gap. This part is the user's side — latency; part 2
 # (`02_metrics_2_throughput_utilization.ipynb`) is the operator's and the engineer's side.
 
@@ -115,6 +115,9 @@ print(f"prefill FLOPs:   {accounting.prefill_flops(shape, 1) / 1e6:.1f} MFLOP pe
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+engine.generate(
+    ["def f(x):"], SamplingParams(max_new_tokens=4, ignore_eos=True)
+)  # warm-up: first calls pay one-time costs
 [res] = engine.generate(["def fibonacci(n):"], SamplingParams(max_new_tokens=16, ignore_eos=True))
 tr = res.trace
 print(repr(res.text))
@@ -449,8 +452,9 @@ tail_from_lengths = claim(
 #
 # ## 4 · The human reading-speed budget
 #
-# *Claim* (Huyen, *AI Engineering*, ch. 9). A stream needs to be no faster than people read: about 120 ms per token
-# (6–8 tokens/s). Everything faster is speed the server can spend on something else — bigger batches.
+# *Claim* (Huyen, *AI Engineering*, ch. 9). A stream needs to be no faster than people read: about 120 ms
+# per token, which Huyen also gives as 6–8 tokens/s (120 ms is the fast end, 8.3 tokens/s). Everything
+# faster is speed the server can spend on something else — bigger batches.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -482,7 +486,7 @@ else:
 # arrives while another request is decoding. Each engine step has a **token budget**
 # (`SchedulerConfig.max_num_batched_tokens`). A big budget prefills the whole newcomer in one step: its
 # TTFT is short, but the request already streaming waits through that whole prefill for its next token.
-# A small budget cuts the prompt into chunks (*chunked prefill*, chapter 06) and mixes one chunk into
+# A small budget cuts the prompt into chunks (*chunked prefill*, chapter 06, in preparation) and mixes one chunk into
 # each decode step. The streaming request keeps its pace, and the newcomer's TTFT grows with the number
 # of chunks.
 #
@@ -533,7 +537,7 @@ tradeoff = claim(
 # is streaming pays it. With a small one, the newcomer pays a fixed per-step cost once per chunk, which
 # is why its TTFT grows faster than its share of the FLOPs. Serving systems choose the budget from
 # their SLOs: an interactive chat product protects TPOT, a system that answers short questions protects
-# TTFT. Chapter 06 builds continuous batching and chunked prefill on this knob; disaggregated serving
+# TTFT. Chapter 06 (in preparation) builds continuous batching and chunked prefill on this knob; disaggregated serving
 # removes the trade-off by running prefill and decode on different machines.
 #
 # ## 6 · Time to publish: when the first tokens are not shown
@@ -568,7 +572,7 @@ publish_ratio = claim(
 # *Explain.* The hidden draft costs whole decode steps, so for agents TPOT, not TTFT, dominates the time
 # to publish, and the longer the hidden work, the less the first call's TTFT matters. The second call also
 # prefills the draft again here. A real agent framework keeps the KV cache of the shared prefix
-# (*prefix caching*, chapter 06) and pays only for the new tokens.
+# (*prefix caching*, chapter 06, in preparation) and pays only for the new tokens.
 #
 # ## 7 · The same text, a different number of tokens
 #
@@ -638,7 +642,7 @@ ch02.check_ttft_tpot(ttft_ms, tpot_ms)
 # <details><summary>Answer</summary>
 #
 # TTFT = 10.45 − 10 = 0.45 s = 450 ms. TPOT = (10.70 − 10.45) / (6 − 1) = 50 ms: five gaps between six
-# tokens. (`trace.ttft * 1e3`, `trace.tpot * 1e3`.)
+# tokens. (`ch02.exercise_trace().ttft * 1e3`, `ch02.exercise_trace().tpot * 1e3`.)
 # </details>
 #
 # **Exercise 2.** Ten latencies (s), one of them an outlier. Give the median (p50) and the mean.
@@ -670,9 +674,9 @@ ch02.check_remeasured_ttft(my_ttft_900_ms, engine, pool, n_tokens=900)
 # <details><summary>Answer</summary>
 #
 # `my_ttft_900_ms = (overhead + accounting.prefill_flops(shape, 900) / prefill_rate) * 1e3`. A linear
-# model in the FLOPs works because `accounting.prefill_flops` already counts the attention term; what it
-# cannot know is that attention runs at a lower rate than the weight matmuls, so from a short prompt's
-# rate it predicts too little.
+# model in the FLOPs works because `accounting.prefill_flops` already counts the attention term, and
+# `prefill_rate` was measured at 1,000 tokens, where attention weighs about as much as at 900: the
+# prediction should land close. Timing noise is the usual reason for a miss; re-run both cells.
 # </details>
 #
 # **Exercise 4 (your peaks).** From this machine's measured bandwidth (`BW`, bytes/s), what is the

@@ -86,7 +86,7 @@ if not CUDA:
 # ## 0 · The engine, the model, and the measurements part 1 made
 #
 # The same engine and model as part 1. Every metric here is computed from timings, so the cell below
-# re-measures the few that part 1 took (a TTFT at the longest prompt, and TPOT over a batch sweep): a
+# re-measures the few that part 1 took (a TTFT at a long prompt, and TPOT over a batch sweep): a
 # part must run on its own, as it does on Colab.
 
 # %%
@@ -214,8 +214,8 @@ mbu_order = claim(
 # values are the lesson of part 1, section 2 again: decode reaches only a fraction of the bandwidth because
 # most of each step is op dispatch, not memory traffic (an MBU near 70% like gpt-fast's needs a
 # compiled step and a model large enough to hide the overhead). Prefill's MFU is set by how well
-# small 256-wide matmuls use the vector units. Against the ">50% MFU is good" bar, only prefill comes
-# close here.
+# small 256-wide matmuls use the vector units. Against Huyen's ">50% MFU is good" bar, the table says
+# which phase clears it here: decode at batch 1 cannot, by construction.
 #
 # ## 2 · "100 input tokens ≈ 1 output token" — on our engine
 #
@@ -416,7 +416,7 @@ print(
 # burst shows the middle ground that real online servers live in: requests that arrive together wait
 # for each other, and then batching them shortens the tail a lot (and the median too, once the batch
 # is more than twice as fast as one-at-a-time service) — the idea behind the continuous batching of
-# chapter 06.
+# chapter 06 (in preparation).
 #
 # ## 5 · "GPU utilization" is not MFU
 #
@@ -514,8 +514,8 @@ print(f"{len(ours.output_ids)} greedy tokens; engine == HF generate: {ours.outpu
 # Then decode speed. `engine_vs_hf` times N tokens minus 1 token for both, so the prefill and set-up
 # cancel and what remains is the decode loop. Two readings of the same time: MBU (every byte a step
 # must move, over the measured memory bandwidth) and the *effective weight bandwidth* (the bytes of
-# the weights a step multiplies by, over the step time), to set beside the STREAM-like triad of
-# section 0. *Predict:* if a decode step were nothing but streaming the weights at full speed, the last
+# the weights a step multiplies by, over the step time), to set beside the machine's DRAM
+# bandwidth (chapter 00's STREAM-like triad). *Predict:* if a decode step were nothing but streaming the weights at full speed, the last
 # column would read 100%.
 
 # %%
@@ -555,10 +555,11 @@ print(
 # hooks, a general-purpose cache object and a chain of logits processors and stopping criteria, and
 # multiplies with torch's default matmul path. Our step does one forward over a flat batch, and its
 # linear seam picks a kernel made for skinny products. Which of the two effects dominates depends on
-# the model: for a 5M-parameter model the fixed per-op costs are a visible share of a step; for a model
-# whose weights do not fit in the cache (the course's benchmark `benchmarks/engine_vs_hf.py --model
-# bench-80m`, 314 MB of random weights) the products take almost the whole step, and only a kernel that
-# streams faster helps. The gap between the last column and 100% is what is left: a kernel that reads
+# the model: for this small model the fixed per-op costs are a visible share of a step (the cell above
+# prints it). For a model whose weights do not fit in the cache you should see the products take most
+# of the step, so that only a kernel that streams faster helps: measure it with the course's benchmark,
+# `python benchmarks/engine_vs_hf.py --model bench-80m --profile` (random weights, several minutes on a
+# laptop). The gap between the last column and 100% is what is left: a kernel that reads
 # at the bandwidth roof, and fewer ops per step (compiling the step, or on a GPU a CUDA graph).
 #
 # ### Record the headline figures
@@ -656,25 +657,25 @@ ch02.check_ratio(answer)
 # per token) and is not multiplied either, so it drops out — `roofline.output_input_ratio` does this.
 # </details>
 #
-# **Exercise 4 (re-measure).** Section 3 ran the batch sweep with 64-token prompts. Change the
-# experiment: at batch 8, give the decode throughput (output tokens/s) with 512-token prompts, measured
-# with `serving.tpot_sweep(engine, pool, [8], prompt_len=512, new_tokens=NEW)`. Before you run it,
+# **Exercise 4 (re-measure).** Section 0 ran the batch sweep with 64-token prompts. Change the
+# experiment: at batch 4, give the decode throughput (output tokens/s) with 512-token prompts, measured
+# with `serving.tpot_sweep(engine, pool, [4], prompt_len=512, new_tokens=NEW)`. Before you run it,
 # predict whether it goes up or down, and why. The check measures it again and accepts your number
 # within 35%.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-answer = None  # output tokens / s at batch 8 with 512-token prompts
-ch02.check_remeasured_throughput(answer, engine, pool, batch=8, prompt_len=512, new_tokens=NEW)
+answer = None  # output tokens / s at batch 4 with 512-token prompts
+ch02.check_remeasured_throughput(answer, engine, pool, batch=4, prompt_len=512, new_tokens=NEW)
 
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
 # ```python
-# [run] = serving.tpot_sweep(engine, pool, [8], prompt_len=512, new_tokens=NEW)
+# [run] = serving.tpot_sweep(engine, pool, [4], prompt_len=512, new_tokens=NEW)
 # answer = run.decode_tokens_per_s
 # ```
-# Lower than with 64-token prompts: every decode step also reads each sequence's KV cache and attends
+# Lower than `runs[1].decode_tokens_per_s`, batch 4 with 64-token prompts: every decode step also reads each sequence's KV cache and attends
 # over it, and those bytes and FLOPs grow with the context, while the weights do not.
 # </details>
 #
@@ -703,7 +704,7 @@ ch02.check_ratio_on_this_machine(answer, peak_flops=PEAK, bandwidth=BW, model="t
 #   (> 50% is good), **MBU** = params × bytes/param × tokens/s ÷ bandwidth judges bandwidth-bound decode.
 #   Prefill's MFU is higher than decode's, as Huyen says, and training's is higher still: a training
 #   step reuses every weight across a whole batch of tokens. For a small model the per-op overhead keeps
-#   both low — the motivation for compiled decode steps later in the course.
+#   decode's MFU and MBU low — the motivation for compiled decode steps later in the course.
 # * **Anyscale's "100 input tokens ≈ 1 output token"** is (bytes per parameter ÷ 2) × the ridge point,
 #   discounted by real efficiencies — a GPU figure. On a CPU the ridge is low and each decode step
 #   pays a fixed dispatch cost, so the measured ratio is our own.

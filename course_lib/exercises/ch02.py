@@ -152,7 +152,7 @@ def check_remeasured_ttft(answer_ms, engine, pool, n_tokens: int = 900, rtol: fl
         lambda: ttft_sweep(engine, pool, [n_tokens], repeats=3)[0].ttft_s * 1e3,
         rtol=rtol,
         unit="ms",
-        hint="the attention share grows with the length: a prediction from short prompts comes out low.",
+        hint="overhead + prefill_flops(900) / prefill_rate, with the rate measured at the longest prompt.",
     )
 
 
