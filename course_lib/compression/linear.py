@@ -1,0 +1,169 @@
+"""Weight-only quantized linear layers for the engine's linear seam: int8/int4 weights, float activations.
+
+``WeightOnlyLinear`` has the ``forward(x)`` of ``engine.layers.Linear`` and three paths, each tested
+against the first:
+- ``reference``: dequantize the weight to float and call ``F.linear`` (gpt-fast's
+  ``WeightOnlyInt8Linear.forward`` in spirit). Correct, not fast: it rebuilds the float weight per call.
+- ``cpu``: PyTorch's packed CPU kernels, the ones gpt-fast uses on a CPU:
+  ``aten._weight_int8pack_mm`` (int8, symmetric per channel) and ``aten._weight_int4pack_mm_for_cpu``
+  (int4 in groups, the (u − 8)·scale + zero format). Their fast path takes bf16 activations, so the
+  layer rounds x to bf16 and returns x's dtype; results agree with the reference to bf16 precision.
+- ``triton``: the course's kernels (``course_lib.kernels.quant_matmul``), which dequantize in registers
+  on a GPU (and run, slowly, in the Triton interpreter for tests).
+A decode step reads the integers and scales instead of fp32 weights: ~4× fewer bytes for int8 and ~8×
+for int4, which is the whole speed-up of a bandwidth-bound step. Prefill-shaped inputs (more than
+``max_rows`` rows) take the reference path: they are compute-bound and gain nothing from fewer bytes.
+Introduced in 03_compression.ipynb.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from course_lib.compression.quantize import QuantConfig, QuantizedWeight, dequantize, quantize, unpack_int4
+from course_lib.engine.layers import Linear
+
+PATHS = ("auto", "reference", "cpu", "triton")
+CPU_INT4_GROUPS = (32, 64, 128, 256)
+
+
+def cpu_supports(qw: QuantizedWeight) -> bool:
+    """Whether PyTorch's packed CPU kernels take this format and shape."""
+    c = qw.config
+    if c.bits == 8:
+        return c.symmetric and c.granularity == "channel" and hasattr(torch.ops.aten, "_weight_int8pack_mm")
+    return (
+        c.granularity == "group"
+        and c.group_size in CPU_INT4_GROUPS
+        and qw.shape[0] % 16 == 0  # the packing kernel wants N divisible by 16
+        and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+    )
+
+
+def triton_supports(qw: QuantizedWeight) -> bool:
+    """Whether the course's Triton kernels take this format: int8 per channel, int4 in groups."""
+    c = qw.config
+    return (c.bits == 8 and c.granularity == "channel" and c.symmetric) or (c.bits == 4 and c.granularity == "group")
+
+
+class WeightOnlyLinear(Linear):
+    """``y = x · dequant(W)ᵀ + b`` with W stored as a ``QuantizedWeight``."""
+
+    def __init__(
+        self, qw: QuantizedWeight, bias: torch.Tensor | None = None, path: str = "auto", max_rows: int = 16
+    ) -> None:
+        if not isinstance(qw, QuantizedWeight):
+            raise ValueError(f"qw must be a QuantizedWeight (see compression.quantize), got {type(qw).__name__}")
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+        if bias is not None and (bias.dim() != 1 or bias.shape[0] != qw.shape[0]):
+            raise ValueError(f"bias must have shape ({qw.shape[0]},), got {tuple(bias.shape)}")
+        self.qw = qw
+        self.bias = bias
+        self.max_rows = max_rows
+        self.path = self._choose(path)
+        self._prepared = None  # the chosen kernel's layout, made on first use
+
+    # Linear's interface reads .weight: expose the dequantized view lazily for tools that want it
+    @property
+    def weight(self) -> torch.Tensor:
+        """The float matrix the integers stand for (computed on each access: use for inspection only)."""
+        return dequantize(self.qw)
+
+    @property
+    def in_features(self) -> int:
+        return self.qw.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.qw.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a decode-shaped forward reads: the integers, scales and zero points (and bias)."""
+        b = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+        return self.qw.nbytes + b
+
+    def _choose(self, path: str) -> str:
+        dev = self.qw.data.device.type
+        if path == "cpu" and not cpu_supports(self.qw):
+            raise ValueError(
+                f"path='cpu' needs int8 symmetric per-channel or int4 groups of {CPU_INT4_GROUPS} with out "
+                f"divisible by 16; got {self.qw.config.name} for a {self.qw.shape} weight"
+            )
+        if path == "triton" and not triton_supports(self.qw):
+            raise ValueError(
+                f"path='triton' needs int8 per-channel symmetric or int4 groups, got {self.qw.config.name}"
+            )
+        if path != "auto":
+            return path
+        if dev == "cuda" and triton_supports(self.qw):
+            return "triton"
+        if dev == "cpu" and cpu_supports(self.qw):
+            return "cpu"
+        return "reference"
+
+    @classmethod
+    def from_linear(cls, lin: Linear, config: QuantConfig, path: str = "auto", qw: QuantizedWeight | None = None):
+        """Quantize an engine ``Linear`` (round to nearest unless ``qw`` is given, e.g. by GPTQ)."""
+        if isinstance(lin, WeightOnlyLinear):
+            raise ValueError("this layer is already quantized; quantize the original float layer instead")
+        qw = quantize(lin.weight, config) if qw is None else qw
+        return cls(qw, lin.bias, path=path)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """Dequantize, then the float matmul: what every other path must match."""
+        return F.linear(x, dequantize(self.qw, x.dtype), self.bias)
+
+    def _prepare_cpu(self) -> tuple:
+        qw = self.qw
+        if qw.config.bits == 8:
+            return ("int8", qw.data.contiguous(), qw.scale[:, 0].to(torch.bfloat16).contiguous())
+        u = unpack_int4(qw.data).to(torch.int32)  # (N, K) values in [0, 15]
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u.contiguous(), 1)
+        sz = torch.stack([qw.scale, qw.zero], dim=2).transpose(0, 1).contiguous()  # (K/g, N, 2)
+        return ("int4", packed, sz.to(torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // max(x.shape[-1], 1)
+        if self.path == "reference" or rows > self.max_rows:
+            return self.reference(x)
+        lead, k = x.shape[:-1], x.shape[-1]
+        x2 = x.reshape(-1, k)
+        if self.path == "cpu":
+            if self._prepared is None:
+                self._prepared = self._prepare_cpu()
+            kind, data, params = self._prepared
+            xb = x2.to(torch.bfloat16)
+            if kind == "int8":
+                y = torch.ops.aten._weight_int8pack_mm(xb, data, params)
+            else:
+                y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, data, self.qw.group_size, params)
+            y = y.to(x.dtype)
+        else:
+            from course_lib.kernels import quant_matmul as qm
+
+            c = self.qw.config
+            if c.bits == 8:
+                y = qm.int8_matmul(x2.contiguous(), self.qw.data, self.qw.scale[:, 0].contiguous(), path="triton")
+            else:
+                y = qm.int4_matmul(
+                    x2.contiguous(),
+                    self.qw.data,
+                    self.qw.scale.contiguous(),
+                    self.qw.zero.contiguous(),
+                    self.qw.group_size,
+                    path="triton",
+                )
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features)
+
+    def __repr__(self) -> str:
+        return (
+            f"WeightOnlyLinear({self.qw.config.name}, in={self.in_features}, out={self.out_features}, path={self.path})"
+        )
+
+
+__all__ = ["PATHS", "WeightOnlyLinear", "cpu_supports", "triton_supports"]
