@@ -191,6 +191,12 @@ def explorer_outputs(gpu: str, model: str, batch: int, dtype: str, context_len: 
         fig, text = draw_phases(gpu, model, batch, dtype, context_len)
     except ValueError as exc:
         return ({"output_type": "stream", "name": "stdout", "text": f"cannot place this combination: {exc}\n"},)
+    return as_outputs(fig, text)
+
+
+def as_outputs(fig: Figure, text: str) -> tuple[dict, ...]:
+    """A figure and its text as notebook outputs (a stdout stream and a PNG), ready for
+    ``ipywidgets.Output.outputs``: every explorer of the course shows its result this way."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     png = base64.b64encode(buf.getvalue()).decode("ascii")

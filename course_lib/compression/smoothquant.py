@@ -92,7 +92,9 @@ def w8a8_error(x: torch.Tensor, weight: torch.Tensor, act_absmax: torch.Tensor |
     """Output error of W8A8 on rows ``x`` (rows, in) through ``weight`` (out, in), with and without smoothing."""
     x, w = x.detach().float(), weight.detach().float()
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
-        raise ValueError(f"x (rows, in) and weight (out, in) must agree on in, got {tuple(x.shape)} and {tuple(w.shape)}")
+        raise ValueError(
+            f"x (rows, in) and weight (out, in) must agree on in, got {tuple(x.shape)} and {tuple(w.shape)}"
+        )
     ref = x @ w.T
     norm = ref.norm().clamp(min=1e-12)
     s = smooth_scales(x.abs().amax(dim=0) if act_absmax is None else act_absmax, w, alpha)
