@@ -45,7 +45,7 @@ def _number(name: str, value) -> float:
 
 
 def _fmt(x: float, unit: str) -> str:
-    return f"{x:.3g}{unit}"
+    return f"{x:.4g}{unit}"
 
 
 def claim(

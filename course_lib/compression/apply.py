@@ -15,7 +15,6 @@ import torch
 
 from course_lib.compression.linear import WeightOnlyLinear
 from course_lib.compression.quantize import QuantConfig, QuantizedWeight
-from course_lib.engine.sampling import SamplingParams
 
 
 @dataclass
@@ -73,23 +72,50 @@ def linear_bytes(engine) -> int:
     return sum(lin.nbytes for _, lin in engine.model.linears())
 
 
-@torch.inference_mode()
-def decode_step_s(engine, batch: int = 1, new_tokens: int = 32, repeats: int = 3, prompt_ids=None) -> float:
-    """Median seconds per decode step at ``batch``: (time for N tokens − time for 1) / (N − 1)."""
+@dataclass(frozen=True)
+class GemvRow:
+    """One decode-shaped product timed: ``batch`` rows through an (out, in) weight in one format."""
+
+    name: str
+    path: str
+    weight_bytes: int
+    seconds: float
+
+    @property
+    def gbps(self) -> float:
+        """Weight bytes streamed per second."""
+        return self.weight_bytes / self.seconds / 1e9
+
+
+def gemv_speed(
+    out_features: int,
+    in_features: int,
+    configs,
+    *,
+    batch: int = 1,
+    repeats: int = 20,
+    device: str = "cpu",
+    seed: int = 0,
+) -> list[GemvRow]:
+    """Time ``batch`` rows through a random (out, in) matrix: fp32 ``F.linear`` (the baseline), then each
+    ``QuantConfig`` in ``configs`` as a ``WeightOnlyLinear`` on its fastest path. Medians, warm-up excluded."""
     from course_lib.bench import benchmark
+    from course_lib.engine.layers import Linear
 
-    if not isinstance(new_tokens, int) or new_tokens < 2:
-        raise ValueError(f"new_tokens must be an int >= 2, got {new_tokens!r}")
-    if not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a positive int, got {batch!r}")
-    ids = list(prompt_ids) if prompt_ids is not None else engine.tokenizer("import os\nimport sys\n")["input_ids"]
+    for name, v in (("out_features", out_features), ("in_features", in_features), ("batch", batch)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    w = torch.randn(out_features, in_features, generator=gen, device=device) * 0.02  # (out, in)
+    x = torch.randn(batch, in_features, generator=gen, device=device)  # (batch, in)
+    base = Linear(w)
+    layers = [("fp32 F.linear", base)] + [(c.name, WeightOnlyLinear.from_linear(base, c)) for c in configs]
+    rows = []
+    with torch.inference_mode():
+        for name, layer in layers:
+            t = benchmark(lambda layer=layer: layer(x), repeats=repeats, warmup=3, device=device, label=name)
+            rows.append(GemvRow(name, getattr(layer, "path", "F.linear"), layer.nbytes, t.median_s))
+    return rows
 
-    def run(n: int) -> None:
-        engine.generate([ids] * batch, SamplingParams(max_new_tokens=n, ignore_eos=True))
 
-    long = benchmark(lambda: run(new_tokens), warmup=1, repeats=repeats, label=f"{new_tokens} tokens")
-    short = benchmark(lambda: run(1), warmup=1, repeats=repeats, label="1 token")
-    return max(long.median_s - short.median_s, 1e-9) / (new_tokens - 1)
-
-
-__all__ = ["QuantReport", "decode_step_s", "linear_bytes", "quantize_engine"]
+__all__ = ["GemvRow", "QuantReport", "gemv_speed", "linear_bytes", "quantize_engine"]

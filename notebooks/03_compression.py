@@ -1,0 +1,571 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Compression: fewer bytes per weight, fewer weights
+#
+# Chapter 01 showed that a decode step is bound by the bytes of weight it reads. Compression attacks
+# those bytes directly. **Quantization** stores each weight in fewer bits; **pruning** removes weights;
+# **distillation** trains a smaller model to imitate a larger one. Huyen (*AI Engineering*, ch. 9) calls
+# weight-only quantization the most used of the three, because it is easy and it works, and notes that
+# pruning rarely pays on real hardware. NVIDIA's inference-optimization article and Xiao & Zhu
+# (*Foundations of LLMs*) describe the same methods. This chapter tests the claims about quantization and
+# pruning on the course's engine: bytes saved, decode time, and quality lost. (Distillation, training a
+# small model from a large one's soft predictions, is in preparation for this chapter.)
+
+# %% [markdown]
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-course/course/blob/main/notebooks/03_compression.ipynb)
+
+# %%
+# Colab only: fetch the course and install course_lib WITHOUT replacing Colab's own torch/triton.
+import os
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    if not os.path.isdir("/content/course"):
+        subprocess.run(
+            ["git", "clone", "--depth", "1", "https://github.com/llm-inference-course/course", "/content/course"],
+            check=True,
+        )
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "/content/course"], check=True)
+    deps = ["transformers>=4.56", "tokenizers>=0.20", "safetensors>=0.4", "psutil>=5.9"]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *deps], check=True)
+    os.environ["COURSE_ROOT"] = "/content/course"
+
+# %% [markdown]
+# **You will learn**
+#
+# * what an int8 or int4 weight is (a scale, maybe a zero point, per tensor, channel or group) and what
+#   it costs in bytes and in rounding error;
+# * why decode gets faster by about the ratio of bytes, and why int4 falls short of 8×;
+# * why round-to-nearest is not the best you can do (GPTQ), and why activations are harder to quantize
+#   than weights (outliers, SmoothQuant);
+# * how to measure quality loss: perplexity and greedy agreement with the float model;
+# * why pruning rarely pays on hardware: zeros that are still read, and the structures that do pay.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# %matplotlib inline
+import matplotlib.pyplot as plt
+import torch
+from IPython.display import display
+
+import course_lib
+from course_lib import hardware, plots, references
+from course_lib.claims import claim, compare_prediction
+from course_lib.compression import apply, evaluate, gptq, prune, smoothquant
+from course_lib.compression.calibrate import collect_inputs
+from course_lib.compression.explore import quant_explorer
+from course_lib.compression.quantize import QuantConfig, dequantize, expected_nbytes, fp8_roundtrip, max_error, quantize
+from course_lib.engine import Engine
+from course_lib.models.load import random_model
+from course_lib.report import record
+
+torch.manual_seed(0)
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+if not CUDA:
+    torch.set_num_threads(hardware.timing_threads())
+peaks = hardware.machine_peaks()
+print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
+print(peaks.provenance)
+
+# %% [markdown]
+# ## 1 · What a quantized weight is
+#
+# Round-to-nearest (RTN) maps a float w to an integer q = round((w − zero) / scale), clamped to the
+# grid: [−128, 127] for int8, [−8, 7] for int4. *Symmetric* formats fix zero = 0 and scale = max|w| / 127
+# (or / 7); *asymmetric* ones map [min, max] onto the grid, at the cost of a zero point. One scale can
+# serve the whole tensor, each output channel (row), or each **group** of g consecutive inputs. Every
+# value then lands within half a step of the original: |w − dequant(q)| ≤ scale / 2.
+#
+# *Predict the bytes* of a 4096 × 4096 matrix in each format: integers at bits/8 bytes each, plus a 4-byte
+# fp32 scale (and zero point) per group. The cell computes the formula and the bytes actually stored:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+configs = [
+    QuantConfig(8, True, "tensor"),
+    QuantConfig(8, True, "channel"),
+    QuantConfig(4, True, "channel"),
+    QuantConfig(4, False, "group", 128),
+    QuantConfig(4, False, "group", 32),
+]
+w = torch.randn(4096, 4096, generator=torch.Generator().manual_seed(0)) * 0.02
+print(f"{'format':<22}{'formula':>12}{'stored':>12}{'bytes/weight':>14}{'vs fp32':>9}{'max |err| <= scale/2':>22}")
+print(f"{'fp32':<22}{w.numel() * 4:>12,}{w.numel() * 4:>12,}{4.0:>14.3f}{1.0:>8.1f}x")
+for c in configs:
+    qw = quantize(w, c)
+    err = (dequantize(qw) - w).abs().reshape(4096, qw.scale.shape[1], -1)
+    within = bool((err <= max_error(qw)[..., None] * (1 + 1e-4)).all())  # up to fp32 rounding of w / scale
+    print(
+        f"{c.name:<22}{expected_nbytes(w.shape, c):>12,}{qw.nbytes:>12,}{qw.nbytes / w.numel():>14.3f}"
+        f"{w.numel() * 4 / qw.nbytes:>8.1f}x{str(within):>22}"
+    )
+
+# %% [markdown]
+# Groups cost bytes: int4 with a scale and a zero point per 32 weights stores 8 extra bytes per 32 half-byte
+# values, 0.75 bytes per weight instead of 0.5. Smaller groups buy accuracy with those bytes. Play with
+# the trade-off (it needs a live kernel; the saved view shows one setting):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+display(quant_explorer())
+
+# %% [markdown]
+# One large value (an *outlier*) stretches the scale of every weight that shares it: with a per-tensor
+# scale and a 100× outlier, int4 rounds almost every ordinary weight to zero. Per-channel and per-group
+# scales confine the damage to one row or one group. fp8 (e4m3) is a different trade: a float with 3
+# mantissa bits, so its error is relative to each value rather than to the group's range. Storing fp8 works
+# on any device; fast fp8 *matmuls* need a Hopper or Ada GPU.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+back = fp8_roundtrip(w)
+if back is None:
+    print("this torch has no float8 dtype: skipped")
+else:
+    for name, approx in (
+        ("fp8 e4m3, per-channel scale", back),
+        ("int8 per-channel", dequantize(quantize(w, configs[1]))),
+    ):
+        rel = ((approx - w).pow(2).mean().sqrt() / w.pow(2).mean().sqrt()).item()
+        print(f"{name:<30} rms error {rel:.3%} of the weights' rms")
+
+# %% [markdown]
+# ## 2 · Fewer bytes, faster decode: one matrix on the bandwidth roof
+#
+# *Claim* (Huyen, ch. 9; NVIDIA's article): weight-only quantization speeds up decode because decode is
+# bandwidth-bound. *Predict:* a decode-shaped product (one row) reads the whole weight, so its time should
+# fall with the bytes: int8 about 4× faster than fp32, int4 about 8× minus what scales cost. Write your
+# guess for int4's speed-up first.
+
+# %%
+my_int4_speedup = None  # e.g. 8.0
+
+# %% [markdown]
+# On a CPU the layer runs PyTorch's packed kernels (`aten._weight_int8pack_mm`,
+# `aten._weight_int4pack_mm_for_cpu`, the ones gpt-fast uses); on a GPU, the course's Triton kernels
+# (`course_lib/kernels/quant_matmul.py`), which dequantize in registers. The matrix is several times
+# larger than the last-level cache, so its bytes come from memory:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+N = course_lib.pick(4096, 8192)
+speed_configs = [QuantConfig(8, True, "channel"), QuantConfig(4, False, "group", 128)]
+rows = apply.gemv_speed(N, N, speed_configs, batch=1, repeats=course_lib.pick(20, 50), device=DEV)
+base = rows[0]
+print(f"{N} x {N} weight, batch 1 ({peaks.bandwidth / 1e9:.1f} GB/s measured bandwidth):")
+for r in rows:
+    print(
+        f"  {r.name:<22} path {r.path:<9} {r.weight_bytes / 1e6:7.1f} MB  {r.seconds * 1e3:7.2f} ms  "
+        f"{r.gbps:6.1f} GB/s  {base.seconds / r.seconds:5.2f}x  (bytes predict {base.weight_bytes / r.weight_bytes:4.2f}x)"
+    )
+int4_speedup = base.seconds / rows[2].seconds
+compare_prediction(
+    "int4 speed-up over fp32", my_int4_speedup, theory=base.weight_bytes / rows[2].weight_bytes, measured=int4_speedup
+)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fig, ax = plt.subplots(figsize=plots.FIGSIZE, dpi=plots.DPI)
+bpw = [r.weight_bytes / N / N for r in rows]
+ax.plot(bpw, [r.seconds * 1e3 for r in rows], "o", ms=8, label="measured")
+ax.plot(
+    bpw, [r.weight_bytes / peaks.bandwidth * 1e3 for r in rows], "--", color="grey", label="bytes / measured bandwidth"
+)
+for r, b in zip(rows, bpw):
+    ax.annotate(r.name, (b, r.seconds * 1e3), fontsize=7, xytext=(4, 4), textcoords="offset points")
+ax.set(xlabel="bytes per weight", ylabel="time per product (ms)", title="decode-shaped product vs bytes per weight")
+ax.grid(True, alpha=0.25)
+ax.legend(fontsize=8)
+plt.show()
+int8_pays = claim(
+    "int8 decodes this product at least 2.5x faster than fp32",
+    base.seconds / rows[1].seconds,
+    at_least=2.5,
+    why_not="no fast packed kernel for this CPU or activation dtype: the layer fell back to a slower path",
+)
+int4_pays = claim(
+    "int4 beats int8",
+    rows[1].seconds / rows[2].seconds,
+    at_least=1.0,
+    why_not="unpacking nibbles and applying a scale and zero per group costs more than the bytes it saves here",
+)
+
+# %% [markdown]
+# *Explain the gap.* The time follows the bytes as long as the kernel streams them at the bandwidth
+# roof. int4 falls short of its 8× for four reasons: the scales and zero points are extra bytes (0.56
+# instead of 0.5 bytes per weight at g = 128); two 4-bit values must be unpacked from each byte and
+# rescaled, arithmetic a float weight does not need; the packed kernels round activations to bf16 and
+# back; and a kernel that moves fewer bytes per row hits fixed costs (launch, threading, the output
+# write) sooner. Both speed-ups are measured against fp32 `F.linear`, which may itself stream below the
+# roof (its GB/s column): where it does, a quantized kernel that streams better can beat the bytes ratio.
+# On a GPU, gpt-fast's int8 and int4 decode of Llama-2-7B is about 1.5× and 1.9× faster than fp16 end to
+# end, not 2× and 4×, for the same reasons (the next cell prints the published figures).
+#
+# ## 3 · The whole engine on quantized weights
+#
+# A decode step runs every linear layer, plus norms, attention and sampling, which quantization does not
+# touch. *Predict:* the step speeds up by less than the products alone. The course's 79M-parameter
+# `bench-80m` (random weights, 314 MB in fp32, ten times a 32 MB cache) runs through the engine in
+# fp32, int8 and int4:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(references.cite("gpt_fast_llama2_quantized_tok_s", link=False))
+print(references.cite("gpt_fast_llama2_7b_fp16_tok_s", link=False))
+bench_model, bench_tok = random_model("bench-80m", device=DEV)
+decode = {}
+for name, cfg in (("fp32", None), *((c.name, c) for c in speed_configs)):
+    eng = Engine(bench_model, bench_tok, device=DEV)
+    report = apply.quantize_engine(eng, cfg) if cfg else None
+    decode[name] = evaluate.decode_step_time(
+        eng, batch=1, new_tokens=course_lib.pick(12, 32), repeats=course_lib.pick(3, 5)
+    )
+    print(
+        f"{name:<22} {apply.linear_bytes(eng) / 1e6:7.1f} MB of linear weights, decode step {decode[name] * 1e3:6.2f} ms"
+        f" -> {decode['fp32'] / decode[name]:4.2f}x" + (f"   [{report}]" if report else "")
+    )
+del eng
+
+# %% [markdown]
+# ## 4 · What it costs in quality
+#
+# Speed is half the story. We measure the loss on the course's *trained* model, `tiny-target`, two ways:
+# **perplexity** on the validation split (held-out standard-library code), and **agreement**: the
+# fraction of positions where the quantized model's most likely next token equals the float model's.
+# *Predict:* int8 per channel is nearly free; int4 costs more, and smaller groups cost less.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+target = Engine("tiny-target", device=DEV)
+MAX_TOKENS = course_lib.pick(8192, 65536)
+ppl = {"fp32": evaluate.perplexity(target, max_tokens=MAX_TOKENS)}
+agree = {"fp32": 1.0}
+quality_configs = [
+    QuantConfig(8, True, "channel"),
+    QuantConfig(4, False, "group", 32),
+    QuantConfig(4, False, "group", 128),
+    QuantConfig(4, False, "channel"),
+]
+for c in quality_configs:
+    eng = Engine(target.hf_model, target.tokenizer, device=DEV)
+    apply.quantize_engine(eng, c, include_lm_head=False)
+    ppl[f"RTN {c.name}"] = evaluate.perplexity(eng, max_tokens=MAX_TOKENS)
+    agree[f"RTN {c.name}"] = evaluate.greedy_agreement(target, eng, max_tokens=MAX_TOKENS // 4)
+for name in ppl:
+    print(f"{name:<28} perplexity {ppl[name]:7.3f} ({ppl[name] / ppl['fp32'] - 1:+6.2%})  agreement {agree[name]:6.1%}")
+
+# %% [markdown]
+# ### Better than round-to-nearest: GPTQ
+#
+# RTN rounds each weight on its own. But the layer's output is W·x, and inputs are correlated: an error
+# in one weight can be cancelled by adjusting the weights that multiply correlated inputs. **GPTQ**
+# (Frantar et al., 2022) quantizes one input column at a time and spreads each column's rounding error
+# over the columns not yet quantized, weighted by the inverse of H = 2·XᵀX, the second derivative of
+# ‖WX − ŴX‖². X comes from calibration text: here, windows of the *training* split, never the validation
+# text we measure on. *Predict:* at the same format (same bytes), GPTQ's perplexity should be closer to
+# fp32 than RTN's.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+hessians = collect_inputs(target, n_samples=course_lib.pick(16, 32), seq_len=256)  # 4k-8k training tokens
+for c in quality_configs[1:]:
+    eng = Engine(target.hf_model, target.tokenizer, device=DEV)
+    gptq.quantize_engine_gptq(eng, c, hessians, include_lm_head=False)
+    ppl[f"GPTQ {c.name}"] = evaluate.perplexity(eng, max_tokens=MAX_TOKENS)
+    agree[f"GPTQ {c.name}"] = evaluate.greedy_agreement(target, eng, max_tokens=MAX_TOKENS // 4)
+    rtn = ppl[f"RTN {c.name}"]
+    print(
+        f"{c.name:<18} perplexity: RTN {rtn:7.3f}, GPTQ {ppl[f'GPTQ {c.name}']:7.3f} (fp32 {ppl['fp32']:.3f}); "
+        f"agreement RTN {agree[f'RTN {c.name}']:.1%}, GPTQ {agree[f'GPTQ {c.name}']:.1%}"
+    )
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+small_groups = claim(
+    "groups of 32 lose less than groups of 128 (RTN)",
+    ppl["RTN int4 asym g128"] / ppl["RTN int4 asym g32"],
+    at_least=1.0,
+)
+int8_free = claim(
+    "int8 per channel costs under 1% perplexity", ppl["RTN int8 sym per-channel"] / ppl["fp32"] - 1, at_most=0.01
+)
+g128 = "int4 asym g128"
+gptq_close = claim(
+    f"GPTQ {g128} stays within 5% of fp32's perplexity",
+    ppl[f"GPTQ {g128}"] / ppl["fp32"] - 1,
+    at_most=0.05,
+    why_not="a 5M-parameter model has little redundancy: every weight matters more",
+)
+gptq_better = claim(
+    f"GPTQ beats RTN at {g128}",
+    ppl[f"RTN {g128}"] / ppl[f"GPTQ {g128}"],
+    at_least=1.0,
+    why_not="too little calibration text (quick mode) to estimate the input correlations",
+)
+wins = [c.name for c in quality_configs[1:] if ppl[f"GPTQ {c.name}"] < ppl[f"RTN {c.name}"]]
+print(f"GPTQ beat RTN at {len(wins)} of {len(quality_configs) - 1} int4 formats: {wins}")
+
+# %% [markdown]
+# *Explain.* The general ordering is: more bits, smaller groups and
+# error-aware rounding (GPTQ) each buy back quality, and each costs bytes or calibration time. GPTQ's
+# gain rests on how well a few thousand calibration tokens estimate the inputs' correlations; with
+# little calibration text it can lose at some format (the line above lists where it won on this run).
+#
+# ### Why activations are harder: outliers
+#
+# Weight-only quantization leaves activations in float. Quantizing them too (W8A8) lets int8 tensor
+# cores do the math, but a few input channels of an LLM's activations carry values far larger than the
+# rest, in every token. Where do they sit in our model? `channel_absmax` runs validation text through the
+# engine and records, for each layer's input, the largest |x| per channel:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+val = evaluate.validation_tokens(target)  # the held-out split, as token ids
+val_windows = [val[i : i + 256].tolist() for i in range(0, 4 * 256, 256)]
+stats = smoothquant.channel_absmax(target, val_windows, names=[n for n, _ in target.model.linears() if n != "lm_head"])
+lin = dict(target.model.linears())
+print(f"{'layer':<18}{'max/median':>11}  top channels   W8A8 error: plain  smoothed  weight-only")
+for name, (absmax, xs) in stats.items():
+    e = smoothquant.w8a8_error(xs, lin[name].weight, absmax)
+    print(
+        f"{name:<18}{smoothquant.outlier_ratio(absmax):>11.1f}  {str(absmax.topk(3).indices.tolist()):<14}"
+        f"{e.plain:>11.2%}{e.smoothed:>10.2%}{e.weight_only:>13.2%}"
+    )
+
+# %% [markdown]
+# In this small model the outliers are mild: the largest channel is a few times the median, largest at
+# the input of `down`. Some channels recur as the largest in layer after layer: the same dimensions of
+# the residual stream carry large values everywhere, as in large models. SmoothQuant (Xiao et al., 2023)
+# divides channel j of X by s_j and multiplies column j of W by s_j (X·Wᵀ is unchanged), with
+# s_j = max|X_j|^α / max|W_j|^(1−α), so both become easy to quantize. In models of several billion
+# parameters the outliers reach about 100× the typical value. Inflating one channel of our real
+# activations to that size shows what smoothing is for. The per-token int8 scale stretches to the
+# outlier, so every *other* channel of that token lands on a few grid steps:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+name = "layers.2.qkv"
+xs, col = stats[name][1], 0  # real activations entering layer 2's q/k/v; we inflate channel 0
+for factor in (1, 10, 100):
+    x_out = xs.clone()
+    x_out[:, col] *= factor
+    plain, smoothed = smoothquant.ordinary_channel_error(x_out, [col], lin[name].weight)
+    e = smoothquant.w8a8_error(x_out, lin[name].weight)
+    print(
+        f"channel {col} x{factor:>3}: int8 error of the other channels {plain:6.2%} plain, {smoothed:6.2%} smoothed;"
+        f" layer output error {e.plain:6.2%} plain, {e.smoothed:6.2%} smoothed"
+    )
+smooth_helps = claim(
+    "with a 100x outlier, smoothing cuts the other channels' int8 error at least 3x", plain / smoothed, at_least=3
+)
+
+# %% [markdown]
+# ## 5 · Pruning: zeros that are still read
+#
+# *Claim* (Huyen, ch. 9): pruning can remove many weights with little quality loss, but it rarely makes
+# inference faster on real hardware. Two kinds. **Unstructured** pruning zeros the smallest weights
+# wherever they are; the matrix keeps its shape, so a dense kernel still reads every zero. **Structured**
+# pruning removes whole rows or columns (here: MLP channels), which really shrinks the matrices.
+# *Predict:* which of the two changes decode time?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+sparsities = course_lib.pick((0.0, 0.3, 0.5, 0.7), (0.0, 0.1, 0.3, 0.5, 0.7, 0.9))
+ppl_sparse = {}
+for s in sparsities:
+    eng = Engine("tiny-target", device=DEV)  # a fresh copy: pruning zeroes weights in place
+    if s:
+        prune.apply_masks(eng, prune.magnitude_masks(eng, s))
+    ppl_sparse[s] = evaluate.perplexity(eng, max_tokens=MAX_TOKENS)
+    print(f"sparsity {s:4.0%}: perplexity {ppl_sparse[s]:8.3f} ({ppl_sparse[s] / ppl_sparse[0.0] - 1:+7.1%})")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+timing = prune.dense_vs_sparse_time(rows=N, cols=N, batches=(1,), sparsity=0.5, device=DEV)
+for r in timing:
+    shown = f"{r['time_s'] * 1e3:7.2f} ms {r['speedup']:5.2f}x" if r["time_s"] == r["time_s"] else "  not run here"
+    print(f"{r['format']:<26} {r['bytes'] / 1e6:7.1f} MB  {shown}  {r['note']}")
+dense_row = next(r for r in timing if r["format"].startswith("dense") and r["density"] == 1.0)
+zeros_row = next(r for r in timing if r["format"].startswith("dense") and r["density"] < 1.0)
+zeros_same = claim(
+    "a dense matrix with half its weights zero takes the same time (within 20%)",
+    zeros_row["time_s"] / dense_row["time_s"],
+    at_least=0.8,
+    at_most=1.2,
+)
+
+# %% [markdown]
+# *Explain.* The first table says what each sparsity costs in quality here; the second says the time
+# does not move. A dense matmul multiplies by zero as fast as by anything else, and a sparse format (CSR)
+# must store an index next to each kept value, so at 50% it reads *more* bytes than the dense matrix (the
+# MB column) and runs a less efficient kernel. Hardware support changes that only for fixed patterns:
+# NVIDIA's **2:4** sparsity (two nonzeros in every four) is skipped by the sparse tensor cores of Ampere
+# and newer GPUs, which read half the values plus a small index. Here is what the pattern costs in
+# quality (the speed needs such a GPU):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+eng24 = Engine("tiny-target", device=DEV)
+info24 = prune.apply_two_four(eng24)
+print(
+    f"2:4 on {info24.layers} layers, {info24.sparsity:.1%} zeros; sparse kernels: {info24.sparse_kernels}. {info24.note}"
+)
+print(f"2:4 perplexity {evaluate.perplexity(eng24, max_tokens=MAX_TOKENS):.3f} vs dense {ppl['fp32']:.3f}")
+
+# %% [markdown]
+# Structured pruning shrinks the matrices, so it can change the time; at what price in quality?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+dense_step = evaluate.decode_step_time(Engine("tiny-target", device=DEV), new_tokens=course_lib.pick(16, 64), repeats=3)
+for frac in (0.25, 0.5):
+    eng = Engine("tiny-target", device=DEV)
+    rep = prune.prune_mlp_channels(eng, frac)
+    step = evaluate.decode_step_time(eng, new_tokens=course_lib.pick(16, 64), repeats=3)
+    print(
+        f"MLP width {rep.ffn_before} -> {rep.ffn_after}: parameters -{rep.params_removed:.0%}, "
+        f"perplexity {evaluate.perplexity(eng, max_tokens=MAX_TOKENS):.2f}, decode step {step * 1e3:.2f} ms "
+        f"(unpruned {dense_step * 1e3:.2f} ms)"
+    )
+
+# %% [markdown]
+# A short fine-tune with the mask held fixed recovers part of what unstructured pruning lost:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+eng = Engine("tiny-target", device=DEV)
+masks = prune.magnitude_masks(eng, 0.5)
+prune.apply_masks(eng, masks)
+before = evaluate.perplexity(eng, max_tokens=MAX_TOKENS)
+log = prune.recover(eng, masks, steps=course_lib.pick(8, 100), batch=course_lib.pick(4, 8))
+after = evaluate.perplexity(eng, max_tokens=MAX_TOKENS)
+print(
+    f"50% sparse: perplexity {before:.3f} -> {after:.3f} after {len(log)} fine-tuning steps (dense: {ppl['fp32']:.3f})"
+)
+print(f"still {prune.sparsity_of(eng):.1%} zeros")
+
+# %% [markdown]
+# ### Record the headline figures
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ch = "03_compression"
+record(ch, "gemv_int8_speedup", base.seconds / rows[1].seconds, "x", theory=base.weight_bytes / rows[1].weight_bytes)
+record(ch, "gemv_int4_speedup", int4_speedup, "x", theory=base.weight_bytes / rows[2].weight_bytes)
+record(ch, "decode_int8_speedup_bench80m", decode["fp32"] / decode[speed_configs[0].name], "x")
+record(ch, "decode_int4_speedup_bench80m", decode["fp32"] / decode[speed_configs[1].name], "x")
+record(ch, "ppl_int8_rel", ppl["RTN int8 sym per-channel"] / ppl["fp32"] - 1, "fraction")
+record(
+    ch,
+    "ppl_int4_g128_gptq_rel",
+    ppl[f"GPTQ {g128}"] / ppl["fp32"] - 1,
+    "fraction",
+    note=f"RTN: {ppl[f'RTN {g128}'] / ppl['fp32'] - 1:.3f}",
+)
+print("recorded", ch)
+
+# %% [markdown]
+# ## 6 · Exercises
+#
+# **Exercise 1.** How many bytes does a 4096 × 11008 matrix (a Llama-2-7B MLP projection) take in int4
+# with an fp32 scale and zero point per group of 128? (`expected_nbytes`, or by hand.)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from course_lib.exercises import ch03
+
+answer = None  # bytes
+ch03.check_int4_bytes(answer, shape=(4096, 11008), group_size=128)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `answer = 4096 * 11008 // 2 + 2 * 4 * 4096 * (11008 // 128)`: half a byte per weight, plus two fp32
+# numbers per group. `expected_nbytes((4096, 11008), QuantConfig(4, False, "group", 128))`.
+# </details>
+#
+# **Exercise 2.** Round-to-nearest with a symmetric int8 per-tensor scale: if the largest |w| of a tensor
+# is 0.5, what is the largest error any weight can have?
+
+# %%
+# NBVAL_CHECK_OUTPUT
+answer = None
+ch03.check_rtn_bound(answer, absmax=0.5, bits=8)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# scale = 0.5 / 127, and rounding is off by at most half a step: `answer = 0.5 / 127 / 2`.
+# </details>
+#
+# **Exercise 3 (re-measure).** Change the experiment of section 2: time the int4 layer at batch 16
+# instead of 1 (`apply.gemv_speed(N, N, speed_configs, batch=16)`), and give int4's speed-up over fp32 at
+# batch 16. Predict first: does the advantage grow or shrink as the batch grows? The check measures
+# again and accepts your number within 35%.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+answer = None  # int4 speed-up over fp32 at batch 16
+ch03.check_remeasured_speedup(answer, n=N, batch=16, device=DEV)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# ```python
+# r = apply.gemv_speed(N, N, speed_configs, batch=16)
+# answer = r[0].seconds / r[2].seconds
+# ```
+# It shrinks: with 16 rows each weight serves 16 multiply-adds, the product moves toward the compute
+# roof, and there fewer bytes do not help; the unpacking arithmetic is paid 16 times.
+# </details>
+#
+# **Exercise 4 (your peaks).** With this machine's measured bandwidth (`peaks.bandwidth`), what is the
+# least time, in ms, to stream bench-80m's linear weights once in int4 g128 (`apply.linear_bytes` of the
+# quantized engine gives the bytes; the check uses the same count)?
+
+# %%
+# NBVAL_CHECK_OUTPUT
+answer = None  # ms
+ch03.check_stream_ms(answer, bandwidth=peaks.bandwidth, model="bench-80m", config=speed_configs[1])
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# ```python
+# eng = Engine(bench_model, bench_tok); apply.quantize_engine(eng, speed_configs[1])
+# answer = apply.linear_bytes(eng) / peaks.bandwidth * 1e3
+# ```
+# Compare it with the int4 decode step of section 3: the rest of the step is everything that is not a
+# weight read.
+# </details>
+#
+# ## Summary
+#
+# * A quantized weight is an integer plus a scale (and zero point) per tensor, channel or group. Bytes
+#   per weight = bits/8 + the scales' share; round-to-nearest is within scale/2 of the original.
+# * Decode is bandwidth-bound, so weight-only quantization speeds it up by about the ratio of bytes,
+#   less what unpacking, scales and fixed per-step costs take; the engine as a whole gains less than
+#   its products.
+# * Quality: int8 per channel is nearly free; int4 needs groups, and error-aware rounding (GPTQ) buys back
+#   part of the loss at the same bytes. Activations are harder than weights because of outlier
+#   channels; SmoothQuant moves the difficulty into the weights.
+# * Pruning removes weights but not bytes, unless the pattern is one the hardware can skip (2:4 on
+#   sparse tensor cores) or the matrices really shrink (structured pruning), which costs more quality.
+# * Distillation, the third method (training a small model from a large one's soft predictions), is in
+#   preparation for this chapter; chapter 04 needs such a draft model for speculative decoding.
