@@ -62,3 +62,19 @@ def test_remeasuring_checks_measure(monkeypatch):
     with pytest.raises(AssertionError):
         ch00.check_cache_speedup(1.0)
     assert not ch00.check_cache_speedup(None)
+
+
+def test_ch03_exercises():
+    from course_lib.compression.quantize import QuantConfig, expected_nbytes
+    from course_lib.exercises import ch03
+
+    assert ch03.check_int4_bytes(4096 * 11008 // 2 + 2 * 4 * 4096 * (11008 // 128))
+    assert ch03.check_int4_bytes(expected_nbytes((64, 256), QuantConfig(4, False, "group", 32)), (64, 256), 32)
+    with pytest.raises(AssertionError):
+        ch03.check_int4_bytes(4096 * 11008 // 2)  # forgot the scales
+    assert ch03.check_rtn_bound(0.5 / 127 / 2)
+    with pytest.raises(AssertionError):
+        ch03.check_rtn_bound(0.5 / 127)  # a whole step, not half
+    assert not ch03.check_stream_ms(None, bandwidth=30e9)
+    with pytest.raises(ValueError, match="bandwidth"):
+        ch03.check_stream_ms(1.0, bandwidth=-1)

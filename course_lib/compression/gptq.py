@@ -44,7 +44,15 @@ import time
 import torch
 
 from course_lib.compression.linear import PATHS, WeightOnlyLinear
-from course_lib.compression.quantize import QuantConfig, QuantizedWeight, dequantize, pack_int4, qparams, quantize
+from course_lib.compression.quantize import (
+    QuantConfig,
+    QuantizedWeight,
+    check_weight,
+    dequantize,
+    pack_int4,
+    qparams,
+    quantize,
+)
 
 
 def _check_args(weight, H, config, damp, block_size, act_order) -> None:
@@ -54,18 +62,8 @@ def _check_args(weight, H, config, damp, block_size, act_order) -> None:
         raise ValueError(
             "config: per-tensor scales are not supported by GPTQ here; use granularity 'channel' or 'group'"
         )
-    if isinstance(weight, QuantizedWeight):
-        raise ValueError("weight is already quantized (a QuantizedWeight); pass the float matrix")
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.is_floating_point():
-        raise ValueError(
-            f"weight must be a 2-D floating-point (out, in) tensor, got {getattr(weight, 'dtype', type(weight).__name__)} "
-            f"{tuple(getattr(weight, 'shape', ()))}"
-        )
+    check_weight(weight, config, "weight")  # float 2-D, groups divide the input, even input for int4
     k = weight.shape[1]
-    if config.granularity == "group" and k % config.group_size:
-        raise ValueError(f"weight: group_size {config.group_size} does not divide its input dimension {k}")
-    if config.bits == 4 and k % 2:
-        raise ValueError(f"weight: int4 packs two values per byte, the input dimension must be even, got {k}")
     if not isinstance(H, torch.Tensor) or H.dim() != 2 or tuple(H.shape) != (k, k):
         raise ValueError(
             f"H must be a ({k}, {k}) tensor (in × in of weight {tuple(weight.shape)}), got "

@@ -120,26 +120,27 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _check_weight(w: torch.Tensor, config: QuantConfig) -> None:
+def check_weight(w: torch.Tensor, config: QuantConfig, name: str = "w") -> None:
+    """Raise a ValueError naming ``name`` unless ``w`` is a float (out, in) matrix that ``config`` can take."""
     if isinstance(w, QuantizedWeight):
-        raise ValueError("w is already quantized (a QuantizedWeight); dequantize it first or keep it as it is")
+        raise ValueError(f"{name} is already quantized (a QuantizedWeight); dequantize it first or keep it as it is")
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
         raise ValueError(
-            f"w must be a 2-D floating-point (out, in) tensor, got {getattr(w, 'dtype', type(w).__name__)} "
+            f"{name} must be a 2-D floating-point (out, in) tensor, got {getattr(w, 'dtype', type(w).__name__)} "
             f"{tuple(getattr(w, 'shape', ()))}"
         )
     inp = w.shape[1]
     if config.granularity == "group" and inp % config.group_size:
         raise ValueError(
-            f"group_size {config.group_size} does not divide the input dimension {inp} of w {tuple(w.shape)}"
+            f"{name}: group_size {config.group_size} does not divide the input dimension {inp} of {tuple(w.shape)}"
         )
     if config.bits == 4 and inp % 2:
-        raise ValueError(f"int4 packs two values per byte: the input dimension must be even, got {inp}")
+        raise ValueError(f"{name}: int4 packs two values per byte, so the input dimension must be even, got {inp}")
 
 
 def qparams(w: torch.Tensor, config: QuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and zero (out, groups) fp32 for round-to-nearest over each group's [min, max] range."""
-    _check_weight(w, config)
+    check_weight(w, config)
     out, inp = w.shape
     g = {"tensor": inp, "channel": inp, "group": config.group_size}[config.granularity]
     x = w.float().reshape(out, inp // g, g)  # (out, groups, g)
@@ -161,7 +162,7 @@ def qparams(w: torch.Tensor, config: QuantConfig) -> tuple[torch.Tensor, torch.T
 
 def quantize_with(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, config: QuantConfig) -> QuantizedWeight:
     """Round ``w`` to the grid given by ``scale``/``zero`` (out, groups): q = clamp(round((w − zero)/scale))."""
-    _check_weight(w, config)
+    check_weight(w, config)
     out, inp = w.shape
     groups = scale.shape[1]
     x = w.float().reshape(out, groups, inp // groups)
@@ -209,6 +210,7 @@ def fp8_roundtrip(w: torch.Tensor) -> torch.Tensor | None:
 __all__ = [
     "QuantConfig",
     "QuantizedWeight",
+    "check_weight",
     "dequantize",
     "expected_nbytes",
     "fp8_roundtrip",
