@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from course_lib.models.family import SPECS
 from course_lib.models.quality import _windows, evaluate
-from course_lib.models.train import get_batch, load_tokenizer, lr_at, token_ids
+from course_lib.models.train import get_batch, load_tokenizer, lr_at, run_info, token_ids
 
 
 # ---------------------------------------------------------------------------- the loss
@@ -238,20 +238,7 @@ def train_student(
             "loss": "alpha*T^2*KL(softmax(t/T)||softmax(s/T)) + (1-alpha)*CE(s, next token)",
             "command": command,
             "commands": [command],
-            "steps": steps,
-            "batch": batch,
-            "seq_len": seq_len,
-            "lr": lr,
-            "seed": seed,
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "python": sys.version.split()[0],
-            "train_tokens": int(len(train_ids)),
-            "val_tokens": int(len(val_ids)),
-            "tokens_seen": step * batch * seq_len,
-            "params": sum(p.numel() for p in model.parameters()),
-            "finished": final,
-            "log": log,
+            **run_info(model, steps, batch, seq_len, lr, seed, train_ids, val_ids, step, final, log),
         }
         (out / "train_log.json").write_text(json.dumps(info, indent=1))
         return {**metrics, "teacher": vs_teacher}

@@ -87,6 +87,26 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def run_info(model, steps, batch, seq_len, lr, seed, train_ids, val_ids, step, final, log) -> dict:
+    """The fields every training log records (``train.py`` and ``compression.distill`` write the same ones)."""
+    return {
+        "steps": steps,
+        "batch": batch,
+        "seq_len": seq_len,
+        "lr": lr,
+        "seed": seed,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "train_tokens": int(len(train_ids)),
+        "val_tokens": int(len(val_ids)),
+        "tokens_seen": step * batch * seq_len,
+        "params": sum(p.numel() for p in model.parameters()),
+        "finished": final,
+        "log": log,
+    }
+
+
 def train(
     model_name: str,
     out: Path,
@@ -158,20 +178,7 @@ def train(
             "model": model_name,
             "command": " && ".join(commands),
             "commands": commands,
-            "steps": steps,
-            "batch": batch,
-            "seq_len": seq_len,
-            "lr": lr,
-            "seed": seed,
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "python": sys.version.split()[0],
-            "train_tokens": int(len(train_ids)),
-            "val_tokens": int(len(val_ids)),
-            "tokens_seen": step * batch * seq_len,
-            "params": sum(p.numel() for p in model.parameters()),
-            "finished": final,
-            "log": log,
+            **run_info(model, steps, batch, seq_len, lr, seed, train_ids, val_ids, step, final, log),
         }
         (out / "train_log.json").write_text(json.dumps(info, indent=1))
         return metrics
