@@ -61,7 +61,7 @@ def test_pack_unpack_round_trip_and_layout():
     assert torch.equal(unpack_int4(p), u)
     assert int(p[0, 0]) == int(u[0, 0]) | (int(u[0, 1]) << 4)  # low nibble = even column
     with pytest.raises(ValueError, match="even"):
-        pack_int4(torch.zeros(2, 3))
+        pack_int4(torch.zeros(2, 3, dtype=torch.uint8))
 
 
 def test_more_bits_and_smaller_groups_mean_less_error():

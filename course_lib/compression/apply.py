@@ -15,6 +15,7 @@ import torch
 
 from course_lib.compression.linear import WeightOnlyLinear
 from course_lib.compression.quantize import QuantConfig, QuantizedWeight
+from course_lib.engine.benchmark import matmul_weight_bytes as linear_bytes  # bytes of every linear layer
 
 
 @dataclass
@@ -65,11 +66,6 @@ def quantize_engine(
         report.layers.append(name)
         engine.model.set_linear(name, new)
     return report
-
-
-def linear_bytes(engine) -> int:
-    """Bytes of every linear layer's weights (what a decode step streams, besides embeddings and KV)."""
-    return sum(lin.nbytes for _, lin in engine.model.linears())
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,36 @@ def calibration_windows(
 
 
 @torch.no_grad()
+def layer_names(engine, names) -> list[str]:
+    """``names`` (None: every linear layer; one name; or a list) checked against the engine's layers."""
+    layers = [n for n, _ in engine.model.linears()]
+    names = list(layers) if names is None else [names] if isinstance(names, str) else list(names)
+    unknown = [n for n in names if n not in layers]
+    if unknown:
+        raise ValueError(f"names has unknown layers {unknown}; names look like 'layers.0.qkv' or 'lm_head'")
+    if not names:
+        raise ValueError("names is empty: no layer to record")
+    return names
+
+
+def record_linear_inputs(engine, names, batches, make_recorder) -> dict:
+    """Run ``batches`` of token ids ((B, T) tensors) through ``engine.model`` with every linear layer in
+    ``names`` (None: all) temporarily replaced by ``make_recorder(layer)``, a wrapper that sees the
+    layer's inputs and calls it; returns {name: recorder}. The model always gets its own layers back."""
+    layers = dict(engine.model.linears())
+    names = layer_names(engine, names)
+    recorders = {n: make_recorder(layers[n]) for n in names}
+    try:
+        for n, rec in recorders.items():
+            engine.model.set_linear(n, rec)
+        for ids in batches:
+            engine.model.dense_logits(ids)
+    finally:
+        for n in recorders:
+            engine.model.set_linear(n, layers[n])
+    return recorders
+
+
 def collect_inputs(
     engine,
     names=None,
@@ -95,27 +125,11 @@ def collect_inputs(
     order), from ``n_samples`` calibration windows of ``seq_len`` tokens of the ``split`` (or ``data``)."""
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be an int >= 1, got {batch!r}")
-    layers = dict(engine.model.linears())
-    if names is None:
-        names = list(layers)
-    elif isinstance(names, str):
-        names = [names]
-    unknown = [n for n in names if n not in layers]
-    if unknown:
-        raise ValueError(f"names has unknown layers {unknown}; names look like 'layers.0.qkv' or 'lm_head'")
-    if not names:
-        raise ValueError("names is empty: nothing to calibrate")
+    names = layer_names(engine, names)  # before any work
     windows = calibration_windows(engine, n_samples, seq_len, split, seed, data)
-    recorders = {n: HessianRecorder(layers[n]) for n in names}
-    try:
-        for n, rec in recorders.items():
-            engine.model.set_linear(n, rec)
-        for first in range(0, len(windows), batch):
-            engine.model.dense_logits(windows[first : first + batch])
-    finally:  # always give the model its own layers back
-        for n in recorders:
-            engine.model.set_linear(n, layers[n])
+    batches = [windows[first : first + batch] for first in range(0, len(windows), batch)]
+    recorders = record_linear_inputs(engine, names, batches, HessianRecorder)
     return {n: rec.hessian() for n, rec in recorders.items()}
 
 
-__all__ = ["HessianRecorder", "calibration_windows", "collect_inputs"]
+__all__ = ["HessianRecorder", "calibration_windows", "collect_inputs", "record_linear_inputs"]

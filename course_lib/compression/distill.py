@@ -37,7 +37,15 @@ import torch.nn.functional as F
 
 from course_lib.models.family import SPECS
 from course_lib.models.quality import _windows, evaluate
-from course_lib.models.train import get_batch, load_tokenizer, lr_at, run_info, token_ids
+from course_lib.models.train import (
+    get_batch,
+    load_tokenizer,
+    lr_at,
+    make_optimizer,
+    run_info,
+    token_ids,
+    warmup_steps,
+)
 
 
 # ---------------------------------------------------------------------------- the loss
@@ -133,18 +141,6 @@ def compare_to_teacher(
 
 
 # ---------------------------------------------------------------------------- training
-def _optimizer(model, lr: float) -> torch.optim.Optimizer:
-    """The optimizer of ``train.train``: AdamW β (0.9, 0.95), weight decay 0.1 on matrices only."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=lr,
-        betas=(0.9, 0.95),
-        eps=1e-8,
-    )
-
-
 def train_student(
     out: Path,
     student: str = "tiny-draft",
@@ -206,9 +202,9 @@ def train_student(
     if seq_len > teacher_model.config.max_position_embeddings:
         raise ValueError(f"seq_len {seq_len} exceeds the teacher's max_position_embeddings")
     train_ids, val_ids = token_ids(tokenizer, "train"), token_ids(tokenizer, "val")
-    opt = _optimizer(model, lr)
+    opt = make_optimizer(model, lr)
     gen = torch.Generator().manual_seed(seed)
-    warmup = max(1, min(100, steps // 10))  # train.train's warm-up
+    warmup = warmup_steps(steps)
     log: list[dict] = []
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,6 @@ import math
 import numpy as np
 import torch
 
-from course_lib.bench import benchmark
-
 
 def validation_tokens(engine) -> np.ndarray:
     """The validation split as token ids of ``engine.tokenizer`` (cached on disk after the first call)."""
@@ -112,6 +110,7 @@ def decode_step_time(
     """Seconds per decode step of ``engine.generate`` for ``batch`` copies of ``prompt``:
     (median time for ``new_tokens`` − median time for 1) / (``new_tokens`` − 1), so prefill and
     set-up cancel."""
+    from course_lib.engine.benchmark import step_time
     from course_lib.engine.sampling import SamplingParams
 
     _check_int("batch", batch, 1)
@@ -120,13 +119,7 @@ def decode_step_time(
     prompts = [prompt] * batch
 
     @torch.inference_mode()
-    def go(n: int) -> None:
+    def run(n: int) -> None:
         engine.generate(prompts, SamplingParams(max_new_tokens=n, ignore_eos=True))
 
-    def run(n: int):
-        return lambda: go(n)
-
-    device = engine.device.type
-    long = benchmark(run(new_tokens), warmup=1, repeats=repeats, device=device, label=f"{new_tokens} tokens")
-    short = benchmark(run(1), warmup=1, repeats=repeats, device=device, label="1 token")
-    return max(long.median_s - short.median_s, 1e-9) / (new_tokens - 1)
+    return step_time(run, new_tokens, repeats, engine.device.type)

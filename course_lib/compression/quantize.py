@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from course_lib.kernels.quant_matmul import pack_int4, unpack_int4  # the storage the kernels read
+
 BITS = (8, 4)
 GRANULARITIES = ("tensor", "channel", "group")
 
@@ -100,24 +102,6 @@ def expected_nbytes(shape: tuple[int, int], config: QuantConfig, scale_bytes: in
     n_scales = 1 if config.granularity == "tensor" else out * config.groups(inp)
     params = 1 if config.symmetric else 2  # a scale, and a zero point when asymmetric
     return out * inp * config.bits // 8 + params * scale_bytes * n_scales
-
-
-def pack_int4(u: torch.Tensor) -> torch.Tensor:
-    """(out, in) values in [0, 15] → (out, in/2) uint8: low nibble = even column, high nibble = odd column."""
-    if u.dim() != 2 or u.shape[1] % 2:
-        raise ValueError(f"u must be a 2-D (out, in) tensor with an even in, got {tuple(u.shape)}")
-    u = u.to(torch.uint8)
-    return u[:, 0::2] | (u[:, 1::2] << 4)
-
-
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """(out, in/2) uint8 → (out, in) uint8 values in [0, 15]."""
-    if packed.dtype != torch.uint8 or packed.dim() != 2:
-        raise ValueError(f"packed must be a 2-D uint8 tensor, got {packed.dtype} {tuple(packed.shape)}")
-    out = torch.empty(packed.shape[0], packed.shape[1] * 2, dtype=torch.uint8, device=packed.device)
-    out[:, 0::2] = packed & 0xF
-    out[:, 1::2] = packed >> 4
-    return out
 
 
 def check_weight(w: torch.Tensor, config: QuantConfig, name: str = "w") -> None:

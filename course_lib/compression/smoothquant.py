@@ -16,6 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
+from course_lib.compression.quantize import QuantConfig, dequantize, quantize
+
+INT8_ROWS = QuantConfig(8, True, "channel")
+
 
 class _Recorder:
     """Wraps an engine Linear: records the per-input-channel max |x| (and a sample of rows), then calls it."""
@@ -41,22 +45,12 @@ def channel_absmax(engine, windows: list[list[int]], names: list[str] | None = N
     """Run ``windows`` (token id lists) through ``engine.model`` and return, for each linear layer in
     ``names`` (default: every qkv and gate_up, the layers that read normalised activations),
     ``(absmax per input channel (in,), a sample of input rows (≤ keep_rows, in))``."""
-    model = engine.model
-    all_names = [n for n, _ in model.linears()]
-    names = names or [n for n in all_names if n.endswith(("qkv", "gate_up"))]
-    unknown = [n for n in names if n not in all_names]
-    if unknown:
-        raise ValueError(f"names holds unknown layers {unknown}; valid names look like {all_names[:4]}")
-    originals = dict(model.linears())
-    recorders = {n: _Recorder(originals[n], keep_rows) for n in names}
-    try:
-        for n, rec in recorders.items():
-            model.set_linear(n, rec)
-        for ids in windows:
-            model.dense_logits(torch.tensor([ids], device=engine.device))  # (1, T)
-    finally:
-        for n in names:
-            model.set_linear(n, originals[n])
+    from course_lib.compression.calibrate import record_linear_inputs
+
+    if names is None:
+        names = [n for n, _ in engine.model.linears() if n.endswith(("qkv", "gate_up"))]
+    batches = [torch.tensor([list(ids)], device=engine.device) for ids in windows]  # (1, T) each
+    recorders = record_linear_inputs(engine, names, batches, lambda layer: _Recorder(layer, keep_rows))
     return {n: (rec.absmax, torch.cat(rec.rows)[:keep_rows]) for n, rec in recorders.items()}
 
 
@@ -75,8 +69,7 @@ def smooth_scales(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: float =
 
 def _int8_rows(t: torch.Tensor) -> torch.Tensor:
     """Symmetric int8 with one scale per row, returned dequantized (per-token for X, per-channel for W)."""
-    scale = (t.abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-12)
-    return torch.round(t / scale).clamp(-128, 127) * scale
+    return dequantize(quantize(t, INT8_ROWS))
 
 
 @dataclass(frozen=True)

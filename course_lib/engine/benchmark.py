@@ -41,9 +41,11 @@ def matmul_weight_bytes(engine: Engine) -> int:
     return sum(lin.nbytes for _, lin in engine.model.linears())
 
 
-def _step_time(run, new_tokens: int, repeats: int) -> float:
-    long = benchmark(lambda: run(new_tokens), warmup=1, repeats=repeats, label="N tokens")
-    short = benchmark(lambda: run(1), warmup=1, repeats=repeats, label="1 token")
+def step_time(run, new_tokens: int, repeats: int, device: str = "cpu") -> float:
+    """Seconds per decode step of ``run(n)`` (which generates n tokens): (median time for ``new_tokens``
+    − median time for 1) / (``new_tokens`` − 1), so prefill and set-up cancel."""
+    long = benchmark(lambda: run(new_tokens), warmup=1, repeats=repeats, device=device, label="N tokens")
+    short = benchmark(lambda: run(1), warmup=1, repeats=repeats, device=device, label="1 token")
     return max(long.median_s - short.median_s, 1e-9) / (new_tokens - 1)
 
 
@@ -83,8 +85,8 @@ def engine_vs_hf(
                 pad_token_id=tok.pad_token_id,
             )
 
-        t_ours = _step_time(ours, new_tokens, repeats)
-        t_hf = _step_time(theirs, new_tokens, repeats)
+        t_ours = step_time(ours, new_tokens, repeats, engine.device.type)
+        t_hf = step_time(theirs, new_tokens, repeats, engine.device.type)
         context = ids.shape[1] + new_tokens / 2  # average keys per step
         moved = weights_read_per_step(shape, b, dtype) + kv_bytes_per_token(shape, dtype) * context * b
         mbu = moved / t_ours / bandwidth_bytes_per_s if bandwidth_bytes_per_s else None

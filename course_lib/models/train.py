@@ -80,6 +80,23 @@ def get_batch(data: np.ndarray, batch: int, seq_len: int, gen: torch.Generator) 
     return x[:, :-1], x[:, 1:]
 
 
+def make_optimizer(model, lr: float) -> torch.optim.Optimizer:
+    """AdamW β (0.9, 0.95), weight decay 0.1 on matrices only: the optimizer of every model the course trains."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
+
+
+def warmup_steps(steps: int) -> int:
+    """Linear warm-up length: a tenth of the run, between 1 and 100 steps."""
+    return max(1, min(100, steps // 10))
+
+
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -149,16 +166,9 @@ def train(
     if not 0 <= start_step < steps:
         raise ValueError(f"start_step must be in [0, steps={steps}), got {start_step}")
     train_ids, val_ids = token_ids(tokenizer, "train"), token_ids(tokenizer, "val")
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=lr,
-        betas=(0.9, 0.95),
-        eps=1e-8,
-    )
+    opt = make_optimizer(model, lr)
     gen = torch.Generator().manual_seed(seed + start_step)  # a resumed run draws fresh windows
-    warmup = max(1, min(100, steps // 10))
+    warmup = warmup_steps(steps)
     log: list[dict] = list(previous.get("log", []))
     wall_before = log[-1]["wall_s"] if log else 0.0
     commands = previous.get("commands", [previous["command"]] if "command" in previous else []) + [command]
