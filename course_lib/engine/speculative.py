@@ -122,10 +122,29 @@ class Proposal:
     q: torch.Tensor | None = None  # (len(tokens), V) the distribution each was drawn from; None = deterministic
 
 
+@dataclass
+class Verified:
+    """What one row's verify forward saw, handed to ``proposer.observe(key, verified)`` after acceptance.
+
+    Row positions j = 0..k: j = 0 is the row's pending token, j ≥ 1 its j-th draft. ``argmax[j]`` is the
+    target's top-1 next token after position j (so ``argmax[accepted]`` is the correction or bonus in
+    greedy mode, and the later entries are guesses conditioned on rejected drafts: Jacobi iterates on
+    them). ``hidden[j]`` (D,) is the last layer's hidden state there, before the final norm, when the
+    proposer sets ``wants_hidden = True`` (Medusa heads read ``hidden[accepted]``)."""
+
+    drafts: list[int]
+    accepted: int
+    argmax: list[int]
+    hidden: torch.Tensor | None = None
+
+
 class Proposer:
     """Guesses the next tokens of a context. ``propose(context_ids, k)`` is the whole contract; the decoder
     calls ``propose_batch`` (one call for every row of a step), whose default loops over ``propose`` and
-    treats the guesses as deterministic (q one-hot). ``release(key)`` drops any per-row state."""
+    treats the guesses as deterministic (q one-hot). ``release(key)`` drops any per-row state. Optional:
+    ``wants_hidden = True`` and ``observe(key, Verified)`` to learn from each verify forward."""
+
+    wants_hidden = False
 
     def propose(self, context_ids: list[int], k: int) -> list[int]:
         raise NotImplementedError
@@ -480,9 +499,13 @@ class SpeculativeDecoder:
         dev = tgt.device
         pos = torch.tensor(positions, device=dev)
         meta = kv.prepare([r.handle for r in active], lens, pos)
-        logits = tgt.model(
-            torch.tensor(flat, device=dev), pos, meta, kv, logits_indices=torch.tensor(index, device=dev)
-        )  # (Σ(1 + k_i), V)
+        model, idx = tgt.model, torch.tensor(index, device=dev)
+        hidden = None
+        if getattr(self.proposer, "wants_hidden", False):  # Medusa: heads read the target's last hidden state
+            hidden = model.run_layers(model.embed(torch.tensor(flat, device=dev)), pos, meta, kv)[idx]  # (Σ(1+k_i), D)
+            logits = model.head(hidden)
+        else:
+            logits = model(torch.tensor(flat, device=dev), pos, meta, kv, logits_indices=idx)  # (Σ(1 + k_i), V)
         # 3. accept / reject, row by row
         views, plist = [], []
         for r, d in zip(active, drafts):
@@ -498,6 +521,7 @@ class SpeculativeDecoder:
             probs = logits.new_zeros(logits.shape)
             probs[sampled] = _probs(logits[sampled], [plist[m] for m in sampled])
         offset = 0
+        observe = getattr(self.proposer, "observe", None)
         for r, d, prop in zip(active, drafts, props):
             k = len(d)
             rows_here = range(offset, offset + k + 1)
@@ -509,6 +533,16 @@ class SpeculativeDecoder:
             else:
                 new = self._rejection(d, prop.q, probs[offset : offset + k + 1], r.generator)
                 n = len(new) - 1
+            if observe is not None:  # what the verify forward saw, for proposers that learn from it
+                observe(
+                    r.key,
+                    Verified(
+                        drafts=d,
+                        accepted=n,
+                        argmax=argmax[offset : offset + k + 1],
+                        hidden=None if hidden is None else hidden[offset : offset + k + 1],
+                    ),
+                )
             offset = rows_here.stop
             # stats
             stats.proposed += k
