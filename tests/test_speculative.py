@@ -225,3 +225,42 @@ def test_sampling_preserves_the_target_distribution(proposer_kind):
     else:
         # token 1 is the lookup's "0" only as often as the target says, though it is always proposed
         assert abs(first[0].item() - p1[0].item()) < 0.05
+
+
+class _Oracle:
+    """Proposes the target's own greedy continuation, each token right with probability ``a`` (i.i.d.)."""
+
+    def __init__(self, reference: list[int], prompt_len: int, a: float, seed: int = 0) -> None:
+        self.reference, self.prompt_len, self.a = reference, prompt_len, a
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def propose(self, context_ids, k):
+        start = len(context_ids) - self.prompt_len
+        out = []
+        for j in range(k):
+            tok = self.reference[start + j] if start + j < len(self.reference) else 0
+            if float(torch.rand((), generator=self.gen)) >= self.a:
+                tok = (tok + 1) % 4096  # a wrong guess
+            out.append(tok)
+        return out
+
+
+@pytest.mark.parametrize("a", [0.0, 0.6, 1.0])
+def test_acceptance_rate_estimates_iid_alpha(target, a):
+    """With i.i.d. acceptance at rate a, accepted/examined estimates a (accepted/proposed would not),
+    and tokens per forward matches E(a, γ). 240 tokens → ~100 judged drafts: ±0.15 is > 3 standard errors."""
+    ids = target.encode(["def fibonacci(n):"])
+    n, gamma = 240, 4
+    ref = _reference(target, ids, n)[0]
+    out = SpeculativeDecoder(target, _Oracle(ref, len(ids[0]), a), gamma).generate(
+        ids, SamplingParams(ignore_eos=True), max_new_tokens=n
+    )
+    s = out.stats
+    assert out[0].output_ids == ref
+    assert s.accepted <= s.examined <= s.proposed
+    assert sum(s.examined_at) == s.examined and s.examined_at[0] <= s.row_steps  # one first draft per step at most
+    assert abs(s.acceptance_rate - a) <= 0.15
+    if 0 < a < 1:
+        assert s.accepted_fraction < s.acceptance_rate  # the naive ratio under-estimates α
+        assert abs(s.tokens_per_forward - expected_tokens(a, gamma)) <= 0.35
+        assert abs(s.effective_alpha - a) <= 0.15

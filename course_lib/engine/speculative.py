@@ -304,7 +304,9 @@ class SpecStats:
     generated: int = 0  # tokens emitted (all rows)
     proposed: int = 0  # draft tokens proposed
     accepted: int = 0  # draft tokens accepted
+    examined: int = 0  # draft tokens the target actually judged: up to and including the first rejection
     proposed_at: list[int] = field(default_factory=list)  # [j-1]: drafts proposed at position j (1..γ)
+    examined_at: list[int] = field(default_factory=list)  # [j-1]: drafts judged at position j (all before accepted)
     accepted_at: list[int] = field(default_factory=list)  # [j-1]: drafts accepted at position j
     proposer_time: float = 0.0  # seconds in the proposer
     target_time: float = 0.0  # seconds in target forwards (+ acceptance), the first (prefill) one included
@@ -313,17 +315,47 @@ class SpecStats:
 
     def __post_init__(self) -> None:
         self.proposed_at = self.proposed_at or [0] * self.gamma
+        self.examined_at = self.examined_at or [0] * self.gamma
         self.accepted_at = self.accepted_at or [0] * self.gamma
 
     @property
     def acceptance_rate(self) -> float:
-        """α: accepted / proposed draft tokens (nan when nothing was proposed)."""
+        """α, the chance that the target accepts a draft token it looks at: accepted / examined. Drafts
+        after the first rejection are never judged, so they do not count (dividing by *proposed* would
+        give (α + α² + … + α^γ)/γ, not α, and make the formula under-predict). This is the maximum-
+        likelihood α of the i.i.d. model behind E = (1 − α^(γ+1))/(1 − α). nan when nothing was judged."""
+        return self.accepted / self.examined if self.examined else math.nan
+
+    @property
+    def accepted_fraction(self) -> float:
+        """accepted / proposed: the share of the draft's work that was kept (its cost, not its α)."""
         return self.accepted / self.proposed if self.proposed else math.nan
 
     @property
     def acceptance_at(self) -> list[float]:
-        """Per draft position j = 1..γ: the fraction accepted of those proposed there."""
-        return [a / p if p else math.nan for a, p in zip(self.accepted_at, self.proposed_at)]
+        """Per draft position j = 1..γ: the chance draft j is accepted given drafts 1..j−1 were (the
+        i.i.d. model says α at every j; a rising curve means acceptances come in runs)."""
+        return [a / e if e else math.nan for a, e in zip(self.accepted_at, self.examined_at)]
+
+    @property
+    def effective_alpha(self) -> float:
+        """The α for which the formula's E(α, γ) equals the measured tokens per forward (bisection)."""
+        e = self.tokens_per_forward
+        if not e == e or not self.row_steps:
+            return math.nan
+        g = self.gamma
+        if e <= 1.0:
+            return 0.0
+        if e >= g + 1:
+            return 1.0
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if expected_tokens(mid, g) < e:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
 
     @property
     def tokens_per_forward(self) -> float:
@@ -547,8 +579,11 @@ class SpeculativeDecoder:
             # stats
             stats.proposed += k
             stats.accepted += n
+            stats.examined += min(n + 1, k)
             for j in range(k):
                 stats.proposed_at[j] += 1
+            for j in range(min(n + 1, k)):
+                stats.examined_at[j] += 1
             for j in range(n):
                 stats.accepted_at[j] += 1
             r.result.proposed += k
