@@ -1,0 +1,116 @@
+"""Chapter 04's measurements (course_lib.speculation): bookkeeping, labels, the calculator; no timing asserts."""
+
+import math
+
+import matplotlib.pyplot as plt
+import pytest
+import torch
+
+from course_lib import speculation as S
+from course_lib.engine import Engine
+from course_lib.engine.speculative import PromptLookupProposer, best_gamma, expected_speedup
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return Engine("tiny-target")
+
+
+def test_char_domains_labels_each_kind():
+    src = 'def f(x):\n    """Doc."""\n    y = "s"  # note\n    return y\n'
+    lab = S.char_domains(src)
+    assert len(lab) == len(src)
+    assert {lab[src.index(ch)] for ch in "Doc"} == {"docstring"}
+    assert lab[src.index('"s"')] == "string"
+    assert lab[src.index("# note")] == "comment" and lab[src.index("note")] == "comment"
+    assert lab[src.index("return")] == "code" and lab[0] == "code"
+    assert S.char_domains("x = (1,\n") == ["code"] * 8  # unfinished source: no crash
+    with pytest.raises(ValueError, match="source"):
+        S.char_domains(b"x")
+
+
+def test_verify_cost_and_bad_input(target):
+    rows = S.verify_cost(target, context=8, tokens=[1, 3], repeats=1)
+    assert [r.tokens for r in rows] == [1, 3] and all(r.seconds > 0 for r in rows)
+    assert target.backend.bytes_used() == 0  # its handle was freed
+    with pytest.raises(ValueError, match="context"):
+        S.verify_cost(target, context=0)
+    with pytest.raises(ValueError, match="tokens"):
+        S.verify_cost(target, tokens=[0])
+    with pytest.raises(ValueError, match="fit"):
+        S.verify_cost(target, context=10**6)
+    with pytest.raises(ValueError, match="repeats"):
+        S.best_of(lambda: None, 0)
+
+
+def test_run_method_counts_and_formula(target):
+    base = S.baseline(target, S.GROUNDED_PROMPTS[:2], new_tokens=12, repeats=1)
+    assert len(base.outputs) == 2 and all(len(o) == 12 for o in base.outputs)
+    rows = S.gamma_sweep(target, lambda: PromptLookupProposer(2, 3), base, [2, 3], "lookup", repeats=1)
+    for r in rows:
+        assert r.identical and r.batch == 2 and r.new_tokens == 12
+        assert 0 <= r.alpha <= 1 and 1 <= r.tokens_per_forward <= r.gamma + 1
+        assert 0 <= r.mean_drafts <= r.gamma
+        assert math.isclose(r.predicted, expected_speedup(r.alpha, r.gamma, max(r.c, 0.0)))
+        assert set(r.as_dict()) >= {"speedup", "predicted", "predicted_refined", "alpha", "c"}
+    assert S.best_row(rows).speedup == max(r.speedup for r in rows)
+    text = S.table(rows)
+    assert text.count("\n") == 2 and "lookup" in text
+    fig, _ = S.plot_gamma_sweep(rows)
+    plt.close(fig)
+    with pytest.raises(ValueError, match="prompts"):
+        S.baseline(target, "a string", 8)
+    with pytest.raises(ValueError, match="new_tokens"):
+        S.baseline(target, ["x"], 1)
+    with pytest.raises(ValueError, match="gammas"):
+        S.gamma_sweep(target, lambda: PromptLookupProposer(), base, [])
+
+
+def test_acceptance_by_domain_of_a_model_with_itself_is_one(target):
+    src = 'def f(x):\n    """Return x twice."""\n    # double it\n    return x * 2  # done\n' * 3
+    agree = S.acceptance_by_domain(target, target, [src], window=32)
+    assert agree.total["code"] > 0 and agree.total["comment"] > 0 and agree.total["docstring"] > 0
+    for d in S.DOMAINS:
+        assert agree.total[d] == 0 or agree.rate(d) == 1.0
+    assert "docstring" in str(agree)
+    with pytest.raises(ValueError, match="sources"):
+        S.acceptance_by_domain(target, target, "text")
+
+
+def test_validation_sources_are_held_out():
+    srcs = S.validation_sources(2, 500)
+    assert len(srcs) == 2 and all(len(s) <= 500 for s in srcs)
+
+
+def test_batch_sweep_rows_and_bad_input(target):
+    rows = S.batch_sweep(target, lambda: PromptLookupProposer(2, 3), 2, S.GROUNDED_PROMPTS, [1, 3], 8, 1)
+    assert [r.batch for r in rows] == [1, 3] and all(r.speedup > 0 for r in rows)
+    with pytest.raises(ValueError, match="batches"):
+        S.batch_sweep(target, lambda: PromptLookupProposer(), 2, S.GROUNDED_PROMPTS, [0])
+
+
+@pytest.mark.parametrize("alpha,c", [(0.0, 0.0), (0.5, 1.0), (0.99, 0.0), (0.8, 0.05)])
+def test_draw_speedup_marks_the_best_gamma(alpha, c):
+    fig, text = S.draw_speedup(alpha, c, 12)
+    assert f"best γ = {best_gamma(alpha, c, 12)}" in text
+    assert ("slowdown" in text) == (expected_speedup(alpha, best_gamma(alpha, c, 12), c) < 1)
+
+
+def test_speedup_explorer_every_slider_end(target):
+    base = S.baseline(target, S.GROUNDED_PROMPTS[:1], new_tokens=8, repeats=1)
+    rows = [S.run_method(target, PromptLookupProposer(2, 3), 2, base, "lookup", 1)]
+    widget = S.speedup_explorer(rows)
+    sliders, out = widget.children[:-1], widget.children[-1]
+    for s in sliders:
+        for v in (s.min, s.max):
+            s.value = v
+            outs = out.outputs
+            assert outs[0]["text"].startswith("α =") and "image/png" in outs[1]["data"]
