@@ -56,3 +56,24 @@ def test_ch01():
     assert ch01.check_bound("memory-bound", phase="decode")
     with pytest.raises(AssertionError):
         ch01.check_bound("memory-bound", phase="prefill")
+
+
+def test_ch04_exercises():
+    from course_lib.engine.speculative import best_gamma, expected_tokens
+    from course_lib.exercises import ch04
+
+    assert not ch04.check_expected_tokens(None)
+    assert ch04.check_expected_tokens(expected_tokens(0.8, 4))
+    assert ch04.check_expected_tokens(1 + 0.8 + 0.64 + 0.512 + 0.4096)
+    with pytest.raises(AssertionError):
+        ch04.check_expected_tokens(0.8 * 4)  # α·γ: forgets that one rejection ends the run
+    assert ch04.check_best_gamma(best_gamma(0.7, 0.1))
+    with pytest.raises(AssertionError):
+        ch04.check_best_gamma(best_gamma(0.7, 0.1) + 3)
+    with pytest.raises(ValueError, match="answer"):
+        ch04.check_best_gamma(3.0)
+    assert ch04.check_ridge_batch(6, ridge=15.0, gamma=4)  # 2·15/5 = 6
+    with pytest.raises(AssertionError):
+        ch04.check_ridge_batch(30, ridge=15.0, gamma=4)
+    with pytest.raises(ValueError, match="ridge"):
+        ch04.check_ridge_batch(6, ridge=0)

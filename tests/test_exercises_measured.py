@@ -78,3 +78,15 @@ def test_ch03_exercises():
     assert not ch03.check_stream_ms(None, bandwidth=30e9)
     with pytest.raises(ValueError, match="bandwidth"):
         ch03.check_stream_ms(1.0, bandwidth=-1)
+
+
+def test_ch04_lookup_speedup_remeasures():
+    from course_lib import speculation
+    from course_lib.engine import Engine
+    from course_lib.exercises import ch04
+
+    target = Engine("tiny-target")
+    prompt = speculation.GROUNDED_PROMPTS[0]
+    assert not ch04.check_lookup_speedup(None, target, prompt, new_tokens=8)
+    with pytest.raises(AssertionError, match="speed-up"):
+        ch04.check_lookup_speedup(1000.0, target, prompt, new_tokens=8)

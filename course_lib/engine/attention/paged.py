@@ -1,0 +1,416 @@
+"""PagedAttention: the KV cache as blocks of a shared pool, found through per-sequence block tables.
+
+The contiguous cache reserves ``max_len`` slots per sequence when it starts; most stay empty (a request
+rarely knows how long it will run). Here a sequence takes a block of ``block_size`` slots only when it
+grows into it, so ``bytes_reserved`` exceeds ``bytes_used`` by at most one partly filled block per
+sequence, and ``fork`` shares blocks by reference count instead of copying (parallel sampling, beam
+search; the first write into a shared, partly filled block copies it). Kwon et al., "Efficient Memory
+Management for Large Language Model Serving with PagedAttention" (vLLM, SOSP 2023).
+
+Layout, per layer: K and V pools of shape ``(num_blocks, block_size, kv_heads, head_dim)`` (vLLM v1's
+and FlashAttention's paged layout): a token's K is one contiguous ``(kv_heads, head_dim)`` row at flat
+slot ``block · block_size + offset``, so writing a step's new K/V is one indexed copy of (N, Hkv, hd).
+
+Attention, like the contiguous backend's kinds ("single", "decode", "mixed"): the torch path gathers
+each sequence's blocks into a padded contiguous copy (B, Hkv, L, hd) and calls the same SDPA with the
+same masks. That copy is the price of paging without a kernel: decode is bandwidth-bound, and the gather
+writes and re-reads every cached byte once more. The Triton paged-decode kernel
+(``course_lib.kernels.paged_decode``) reads the blocks in place instead. Introduced in 05_attention_kv_cache.ipynb.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+
+from course_lib.engine.attention.base import AttentionBackend, AttentionMetadata, ragged_index, sdpa
+from course_lib.engine.attention.block_manager import BlockManager, OutOfBlocks, cdiv
+
+DECODE_PATHS = ("auto", "gather", "kernel")
+
+
+def _positive_int(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+class PagedBackend(AttentionBackend):
+    """K/V pools (num_blocks, block_size, Hkv, hd) per layer; a sequence's handle is its id in ``self.blocks``.
+
+    ``decode``: how one-token rows attend — "gather" (torch: gather the blocks, then SDPA), "kernel"
+    (``paged_decode``: Triton on CUDA or under the interpreter, else its torch reference) or "auto"
+    (the kernel on CUDA when Triton is installed and the head size is supported, else "gather")."""
+
+    name = "paged"
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_blocks: int,
+        block_size: int = 16,
+        max_len: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        use_sdpa: bool = True,
+        decode: str = "auto",
+    ) -> None:
+        for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+            _positive_int(name, value)
+        if max_len is not None:
+            _positive_int("max_len", max_len)
+        if decode not in DECODE_PATHS:
+            raise ValueError(f"decode must be one of {DECODE_PATHS}, got {decode!r}")
+        self.blocks = BlockManager(num_blocks, block_size)  # checks num_blocks and block_size
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.block_size, self.num_blocks = block_size, num_blocks
+        self.max_len = min(max_len or num_blocks * block_size, num_blocks * block_size)
+        self.dtype, self.device = dtype, torch.device(device)
+        self.use_sdpa = use_sdpa
+        self.decode = self._resolve_decode(decode)
+        self.k: list[torch.Tensor] = []  # per layer (capacity, bs, Hkv, hd); grown on demand up to num_blocks
+        self.v: list[torch.Tensor] = []
+        self._capacity = 0
+
+    @classmethod
+    def for_model(cls, model, config, block_size: int = 16, **kwargs) -> PagedBackend:
+        """A backend sized like the engine's default cache: ``config.max_kv_tokens`` (or max_num_seqs ×
+        max_model_len) token slots in blocks. ``model``: a ``LlamaEngineModel``; ``config``: a
+        ``SchedulerConfig`` with ``max_model_len`` set (``engine.config``)."""
+        max_len = config.max_model_len or model.max_position
+        tokens = config.max_kv_tokens or config.max_num_seqs * max_len
+        return cls(
+            model.num_layers,
+            model.num_kv_heads,
+            model.head_dim,
+            cdiv(tokens, block_size),
+            block_size,
+            max_len,
+            model.dtype,
+            model.device,
+            **kwargs,
+        )
+
+    def _resolve_decode(self, decode: str) -> str:
+        from course_lib.kernels import HAS_TRITON
+        from course_lib.kernels.paged_decode import HEAD_DIMS, MAX_BLOCK_SIZE
+
+        fits = self.head_dim in HEAD_DIMS and self.block_size <= MAX_BLOCK_SIZE
+        if decode == "kernel" and not fits:
+            raise ValueError(
+                f"decode='kernel' needs head_dim in {HEAD_DIMS} and block_size <= {MAX_BLOCK_SIZE}, "
+                f"got head_dim={self.head_dim}, block_size={self.block_size}"
+            )
+        if decode == "auto":
+            return "kernel" if fits and HAS_TRITON and self.device.type == "cuda" else "gather"
+        return decode
+
+    # ------------------------------------------------------------ sizes
+    @property
+    def bytes_per_token(self) -> int:
+        """2 (K and V) · layers · kv_heads · head_dim · bytes per element."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.block_size * self.bytes_per_token
+
+    def bytes_used(self) -> int:
+        """Slots holding tokens of live sequences; a slot shared by forked sequences counts once."""
+        return self.blocks.stats().tokens * self.bytes_per_token
+
+    def bytes_reserved(self) -> int:
+        """Blocks held × block bytes: used + at most one partly filled block per sequence."""
+        return self.blocks.num_used * self.bytes_per_block
+
+    def bytes_unshared(self) -> int:
+        """What the live sequences would reserve if ``fork`` copied instead of sharing."""
+        return self.blocks.stats().logical * self.bytes_per_block
+
+    def bytes_allocated(self) -> int:
+        """Bytes of the pool tensors themselves (grown as blocks are first used, kept for reuse)."""
+        return self._capacity * self.bytes_per_block
+
+    # ------------------------------------------------------------ storage
+    def max_tokens_per_seq(self) -> int:
+        return self.max_len
+
+    def can_allocate(self, num_tokens: int) -> bool:
+        return num_tokens <= self.max_len and self.blocks.can_allocate(num_tokens)
+
+    def allocate(self) -> int:
+        return self.blocks.new_seq()
+
+    def _check(self, handle) -> int:
+        if handle not in self.blocks.tables:
+            raise ValueError(f"KV handle {handle!r} is not a live sequence of this cache")
+        return handle
+
+    def length(self, handle) -> int:
+        return self.blocks.lengths[self._check(handle)]
+
+    def can_append(self, handle, num_tokens: int) -> bool:
+        n = self.length(handle)
+        return n + num_tokens <= self.max_len and self.blocks.can_append(handle, num_tokens)
+
+    def append(self, handle, num_tokens: int) -> None:
+        """Room for ``num_tokens`` more tokens; copies a shared last block first (copy-on-write). Raises
+        ``OutOfBlocks`` (nothing changed) when the pool is short: preempt a sequence and retry."""
+        n = self.length(handle)
+        if n + num_tokens > self.max_len:
+            raise ValueError(f"KV sequence {handle} is full: {n} + {num_tokens} tokens > max_len {self.max_len}")
+        copies = self.blocks.append(handle, num_tokens)
+        table = self.blocks.tables[handle]
+        if table:
+            self._ensure_capacity(max(table) + 1)
+        for src, dst in copies:
+            for t in self.k + self.v:
+                t[dst] = t[src]  # (bs, Hkv, hd): the whole block; slots past the fill get overwritten
+
+    def _ensure_capacity(self, blocks: int) -> None:
+        if blocks <= self._capacity:
+            return
+        new = min(self.num_blocks, max(blocks, 2 * self._capacity))
+        shape = (new, self.block_size, self.num_kv_heads, self.head_dim)
+        # zeros, not empty: a masked slot still multiplies its (zero) weight by V, and 0 · NaN would be NaN
+        k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        for old, fresh in zip(self.k + self.v, k + v):
+            fresh[: self._capacity] = old
+        self.k, self.v, self._capacity = k, v, new
+
+    def truncate(self, handle, length: int) -> None:
+        self.blocks.truncate(self._check(handle), length)
+
+    def fork(self, handle) -> int:
+        """A new sequence sharing every block of ``handle``: no K/V is copied until one of them writes."""
+        return self.blocks.fork(self._check(handle))
+
+    def free(self, handle) -> None:
+        self.blocks.free_seq(self._check(handle))
+
+    # ------------------------------------------------------------ compute
+    def _tables(self, handles: list[int], num_blocks: int) -> torch.Tensor:
+        """(B, num_blocks) int64 block tables, padded with block 0 (its slots are masked out)."""
+        rows = [t + [0] * (num_blocks - len(t)) for t in (self.blocks.tables[h] for h in handles)]
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
+
+    def prepare(self, handles: list[int], query_lens: list[int], positions: torch.Tensor) -> AttentionMetadata:
+        ctx = [self.length(h) for h in handles]
+        meta = AttentionMetadata(list(query_lens), ctx, list(handles), positions)
+        dev, bs = self.device, self.block_size
+        B, L = len(handles), max(ctx)
+        starts = meta.start_lens
+        tables = self._tables(handles, cdiv(L, bs))  # (B, nb)
+        seq, offset = ragged_index(list(query_lens), dev)  # (N,), (N,)
+        pos = torch.tensor(starts, device=dev)[seq] + offset  # (N,) position of each new token in its sequence
+        meta.extra["slots"] = tables[seq, pos // bs] * bs + pos % bs  # (N,) flat slot of each new token
+        meta.extra["tables"] = tables
+        if B == 1:  # one sequence: no padding
+            meta.kind = "single"
+            T, s = query_lens[0], starts[0]
+            if T > 1 and s == 0:
+                meta.is_causal = True
+            elif T > 1:  # a chunk after a cached prefix (or γ+1 tokens to verify): query t sees keys ≤ s + t
+                meta.mask = torch.arange(L, device=dev)[None, :] <= s + torch.arange(T, device=dev)[:, None]
+            return meta
+        if all(q == 1 for q in query_lens):  # pure decode: the queries already form (B, H, 1, hd)
+            meta.kind = "decode"
+            meta.extra["decode"] = self._decode_group(list(range(B)), ctx, tables)
+            return meta
+        # mixed: decode tokens batched together, each multi-token sequence on its own (as ContiguousBackend)
+        meta.kind = "mixed"
+        ends = [sum(query_lens[: i + 1]) for i in range(B)]
+        dec = [i for i in range(B) if query_lens[i] == 1]
+        meta.extra["decode"] = None
+        if dec:
+            d = self._decode_group(dec, [ctx[i] for i in dec], tables)
+            d["index"] = torch.tensor([ends[i] - 1 for i in dec], device=dev)  # (Nd,) their rows in the flat batch
+            meta.extra["decode"] = d
+        meta.extra["chunks"] = [
+            (
+                tables[i : i + 1, : cdiv(ctx[i], bs)],
+                starts[i],
+                ends[i] - query_lens[i],
+                ends[i],
+                self._chunk_mask(starts[i], query_lens[i], ctx[i]),
+            )
+            for i in range(B)
+            if query_lens[i] > 1
+        ]
+        return meta
+
+    def _decode_group(self, rows: list[int], ctx: list[int], tables: torch.Tensor) -> dict:
+        """Block tables, lengths and mask for the one-token sequences ``rows`` of a step."""
+        dev, L = self.device, max(ctx)
+        lens = torch.tensor(ctx, device=dev)  # (Nd,)
+        mask = None
+        if min(ctx) != L:
+            mask = (torch.arange(L, device=dev)[None, :] < lens[:, None])[:, None, None]  # (Nd, 1, 1, L)
+        nb = cdiv(L, self.block_size)
+        sub = tables[:, :nb] if len(rows) == tables.shape[0] else tables[rows, :nb]  # (Nd, nb)
+        return {"tables": sub, "lens": lens.to(torch.int32), "L": L, "mask": mask}
+
+    def _chunk_mask(self, start: int, T: int, ctx: int) -> torch.Tensor | None:
+        """(T, ctx) causal mask of T new tokens after ``start`` cached ones; None when SDPA's is_causal fits."""
+        if start == 0:
+            return None
+        dev = self.device
+        return torch.arange(ctx, device=dev)[None, :] <= start + torch.arange(T, device=dev)[:, None]
+
+    def gather(self, pool: torch.Tensor, tables: torch.Tensor, L: int) -> torch.Tensor:
+        """(B, Hkv, L, hd) view of a copy of the blocks named by ``tables`` (B, nb): the torch path's extra
+        bytes, B·nb·bs·Hkv·hd elements written and read again."""
+        B, nb = tables.shape
+        blocks = pool.index_select(0, tables.reshape(-1))  # (B·nb, bs, Hkv, hd)
+        return blocks.view(B, nb * self.block_size, self.num_kv_heads, self.head_dim)[:, :L].transpose(1, 2)
+
+    def _attend_decode(self, layer: int, q: torch.Tensor, d: dict) -> torch.Tensor:
+        """q (Nd, H, hd), one token per sequence → (Nd, H, hd)."""
+        K, V = self.k[layer], self.v[layer]
+        if self.decode == "kernel":
+            from course_lib.kernels.paged_decode import paged_decode
+
+            return paged_decode(q.contiguous(), K, V, d["tables"], d["lens"])
+        keys, values = self.gather(K, d["tables"], d["L"]), self.gather(V, d["tables"], d["L"])
+        return sdpa(q[:, :, None], keys, values, d["mask"], False, self.use_sdpa)[:, :, 0]  # (Nd, H, hd)
+
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        K, V = self.k[layer], self.v[layer]  # (capacity, bs, Hkv, hd)
+        slots = meta.extra["slots"]
+        K.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, k)  # (N, Hkv, hd) into their slots
+        V.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, v)
+        if meta.kind == "single":
+            L, s = meta.context_lens[0], meta.start_lens[0]
+            if s == 0:  # nothing cached before: the keys are exactly this step's k, v
+                keys, values = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # (1, Hkv, T, hd)
+            else:
+                tables = meta.extra["tables"]
+                keys, values = self.gather(K, tables, L), self.gather(V, tables, L)
+            o = sdpa(q.transpose(0, 1)[None], keys, values, meta.mask, meta.is_causal, self.use_sdpa)  # (1, H, T, hd)
+            return o[0].transpose(0, 1)  # (T, H, hd)
+        if meta.kind == "decode":
+            return self._attend_decode(layer, q, meta.extra["decode"])
+        out = q.new_empty(q.shape)  # (N, H, hd)
+        d = meta.extra["decode"]
+        if d is not None:
+            out[d["index"]] = self._attend_decode(layer, q[d["index"]], d)
+        for tables, s, a, b, mask in meta.extra["chunks"]:
+            L = s + b - a
+            if s == 0:
+                keys, values = k[a:b].transpose(0, 1)[None], v[a:b].transpose(0, 1)[None]  # (1, Hkv, T, hd)
+            else:
+                keys, values = self.gather(K, tables, L), self.gather(V, tables, L)
+            o = sdpa(q[a:b].transpose(0, 1)[None], keys, values, mask, mask is None, self.use_sdpa)  # (1, H, T, hd)
+            out[a:b] = o[0].transpose(0, 1)
+        return out
+
+
+# ---------------------------------------------------------------- memory accounting on a request mix
+def request_mix(
+    n: int = 1000,
+    prompt_mean: float = 200.0,
+    output_mean: float = 200.0,
+    sigma: float = 1.0,
+    max_model_len: int = 2048,
+    seed: int = 0,
+) -> list[tuple[int, int]]:
+    """(prompt_len, output_len) of ``n`` requests, lognormal with these means (ShareGPT-like: heavy right
+    tail), seeded; each request fits in ``max_model_len``."""
+    for name, value in (("n", n), ("max_model_len", max_model_len)):
+        _positive_int(name, value)
+    if prompt_mean <= 0 or output_mean <= 0 or sigma < 0:
+        raise ValueError(f"means must be > 0 and sigma >= 0, got {prompt_mean}, {output_mean}, {sigma}")
+    rng = random.Random(seed)
+    mix = []
+    for _ in range(n):
+        p = max(1, min(max_model_len - 1, round(rng.lognormvariate(_mu(prompt_mean, sigma), sigma))))
+        o = max(1, min(max_model_len - p, round(rng.lognormvariate(_mu(output_mean, sigma), sigma))))
+        mix.append((p, o))
+    return mix
+
+
+def _mu(mean: float, sigma: float) -> float:
+    return math.log(mean) - sigma**2 / 2  # E[lognormal(mu, sigma)] = exp(mu + sigma²/2)
+
+
+@dataclass(frozen=True)
+class Fragmentation:
+    """Token slots summed over every decode step of every request: holding tokens vs reserved."""
+
+    used: int
+    reserved: dict  # scheme → slots reserved
+
+    def waste(self, scheme: str) -> float:
+        """1 − used / reserved: the fraction of reserved KV memory holding nothing."""
+        return 1 - self.used / self.reserved[scheme]
+
+
+def fragmentation(request_mix: list[tuple[int, int]], max_model_len: int = 2048, block_size: int = 16) -> Fragmentation:
+    """Reserved vs used KV slots over each request's life (the cache after each decode step holds p + i
+    tokens, i = 1 … o), for three schemes: "max_len" (a contiguous slab of ``max_model_len``, what
+    ``ContiguousBackend`` does), "oracle" (a slab of exactly p + o, knowing the output length in advance)
+    and "paged" (blocks of ``block_size`` taken as the sequence grows). Averaging over steps weights each
+    request by how long it occupies the cache, as a serving snapshot would."""
+    _positive_int("max_model_len", max_model_len)
+    _positive_int("block_size", block_size)
+    used = 0
+    reserved = {"max_len": 0, "oracle": 0, "paged": 0}
+    for p, o in request_mix:
+        if p + o > max_model_len or p < 1 or o < 1:
+            raise ValueError(f"request ({p}, {o}) must have p, o >= 1 and p + o <= max_model_len={max_model_len}")
+        for t in range(p + 1, p + o + 1):
+            used += t
+            reserved["paged"] += cdiv(t, block_size) * block_size
+        reserved["max_len"] += o * max_model_len
+        reserved["oracle"] += o * (p + o)
+    return Fragmentation(used, reserved)
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """Peak KV blocks of parallel sampling: forked sequences sharing the prompt vs each with its own copy."""
+
+    shared_blocks: int
+    copied_blocks: int
+    copy_on_write: int  # partly filled prompt blocks copied at a child's first write
+
+    @property
+    def saving(self) -> float:
+        return 1 - self.shared_blocks / self.copied_blocks
+
+
+def sharing(request_mix: list[tuple[int, int]], n: int = 4, block_size: int = 16) -> Sharing:
+    """For each request: prefill the prompt once, ``fork`` it into ``n`` samples, let each generate the
+    request's output length, and count the blocks held at the end, through the real ``BlockManager``."""
+    _positive_int("n", n)
+    shared = copied = cow = 0
+    for p, o in request_mix:
+        bm = BlockManager(n * cdiv(p + o, block_size) + 1, block_size)
+        root = bm.new_seq()
+        bm.append(root, p)
+        seqs = [root] + [bm.fork(root) for _ in range(n - 1)]
+        for s in seqs:
+            cow += len(bm.append(s, o))
+        st = bm.stats()
+        shared, copied = shared + st.used, copied + st.logical
+    return Sharing(shared, copied, cow)
+
+
+__all__ = [
+    "DECODE_PATHS",
+    "Fragmentation",
+    "OutOfBlocks",
+    "PagedBackend",
+    "Sharing",
+    "fragmentation",
+    "request_mix",
+    "sharing",
+]
