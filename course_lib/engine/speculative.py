@@ -312,6 +312,7 @@ class SpecStats:
     target_time: float = 0.0  # seconds in target forwards (+ acceptance), the first (prefill) one included
     first_forward_time: float = 0.0  # the first target forward, which also prefills the prompts
     history: list[list[int | None]] = field(default_factory=list)  # per step, per row: drafts accepted (None: done)
+    drafts_per_row_step: list[int] = field(default_factory=list)  # k of every row at every step (≤ γ; 0: none)
 
     def __post_init__(self) -> None:
         self.proposed_at = self.proposed_at or [0] * self.gamma
@@ -336,6 +337,16 @@ class SpecStats:
         """Per draft position j = 1..γ: the chance draft j is accepted given drafts 1..j−1 were (the
         i.i.d. model says α at every j; a rising curve means acceptances come in runs)."""
         return [a / e if e else math.nan for a, e in zip(self.accepted_at, self.examined_at)]
+
+    def expected_tokens_as_proposed(self, alpha: float | None = None) -> float:
+        """E(α, k) averaged over the drafts actually proposed at every row-step (k = 0 gives 1 token):
+        the formula's tokens per forward when a proposer does not always offer γ drafts."""
+        a = self.acceptance_rate if alpha is None else alpha
+        ks = self.drafts_per_row_step
+        if not ks or not a == a:
+            return math.nan
+        a = min(max(a, 0.0), 1.0)
+        return sum(expected_tokens(a, k) if k > 0 else 1.0 for k in ks) / len(ks)
 
     @property
     def effective_alpha(self) -> float:
@@ -579,6 +590,7 @@ class SpeculativeDecoder:
             # stats
             stats.proposed += k
             stats.accepted += n
+            stats.drafts_per_row_step.append(k)
             stats.examined += min(n + 1, k)
             for j in range(k):
                 stats.proposed_at[j] += 1

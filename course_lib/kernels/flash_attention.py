@@ -18,6 +18,8 @@ Introduced in 05_attention_kv_cache.ipynb.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import sys
 from typing import Callable
 
@@ -107,18 +109,20 @@ def attention_naive(
 
     q (B, H, Tq, d), k/v (B, Hkv, Tk, d), H a multiple of Hkv (GQA); causal aligned to the end of the keys.
     Computes in fp32, returns q's dtype. Bytes: reads q, k, v, writes o — and holds two fp32 (B, H, Tq, Tk)
-    matrices (scores, then probabilities) at its peak: ``naive_attention_bytes``."""
+    matrices (scores, then probabilities) and a (Tq, Tk) bool mask at its peak: ``naive_attention_bytes``."""
     _check(q, k, v, causal, None, check_head_dim=False)
     b, h, tq, d = q.shape
     tk, group = k.shape[2], h // k.shape[1]
     scale = d**-0.5 if sm_scale is None else sm_scale
+    mask = _visible(tq, tk, causal, None, q.device)  # (1, 1, Tq, Tk) bool, built first: its temporaries go
+    hidden = None if mask is None else ~mask  # True where a key is masked out
+    del mask
     kf = k.float().repeat_interleave(group, dim=1)  # (B, H, Tk, d)
     vf = v.float().repeat_interleave(group, dim=1)
-    scores = (q.float() @ kf.transpose(-1, -2)) * scale  # (B, H, Tq, Tk): the T² matrix flash never writes
-    mask = _visible(tq, tk, causal, None, q.device)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)  # (B, H, Tq, d)
+    scores = (q.float() * scale) @ kf.transpose(-1, -2)  # (B, H, Tq, Tk): the T² matrix flash never writes
+    if hidden is not None:
+        scores.masked_fill_(hidden, float("-inf"))  # in place: no second copy
+    return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)  # (B, H, Tq, d); softmax is the second T² matrix
 
 
 def _elem(dtype: torch.dtype) -> int:
@@ -126,13 +130,21 @@ def _elem(dtype: torch.dtype) -> int:
 
 
 def naive_attention_bytes(
-    B: int, H: int, T: int, dtype: torch.dtype = torch.float32, *, head_dim: int = 0, kv_len: int | None = None
+    B: int,
+    H: int,
+    T: int,
+    dtype: torch.dtype = torch.float32,
+    *,
+    head_dim: int = 0,
+    kv_len: int | None = None,
+    causal: bool = False,
 ) -> int:
     """Memory ``attention_naive`` allocates beyond its inputs at its peak: two fp32 (B, H, T, Tk) matrices
-    (scores and probabilities) + the output (B, H, T, head_dim) in ``dtype``. Grows with T²; for fp16/bf16
-    inputs add O(T·d) fp32 copies of q, k, v. ``kv_len`` defaults to T (prefill)."""
+    (scores and probabilities), a (T, Tk) bool mask when causal, and the output (B, H, T, head_dim) in
+    ``dtype``. Grows with T²; for fp16/bf16 inputs add O(T·d) fp32 copies of q, k, v. ``kv_len``: Tk,
+    default T (prefill)."""
     tk = T if kv_len is None else kv_len
-    return 2 * B * H * T * tk * 4 + B * H * T * head_dim * _elem(dtype)
+    return 2 * B * H * T * tk * 4 + (T * tk if causal else 0) + B * H * T * head_dim * _elem(dtype)
 
 
 def flash_attention_bytes(
@@ -152,13 +164,22 @@ def _proc_status(field: str) -> int:
     raise RuntimeError(f"{field} not found in /proc/self/status")
 
 
+def _malloc_trim() -> None:
+    """glibc's malloc_trim(0): return free heap memory to the OS (a no-op where there is no glibc)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def measure_peak_bytes(fn: Callable[[], object], device: str | torch.device = "cpu") -> tuple[object, int]:
     """Run ``fn()`` once; return (its result, the peak memory it added above what was in use before).
 
     CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` — exact, tensors only.
     CPU (Linux): the process's peak resident set (VmHWM, reset through /proc/self/clear_refs) minus the
-    resident set before the call: real memory, so it includes allocator and page-size slack (~MBs) and
-    counts only pages actually written; meaningful when the tensors are tens of MB. Run it in fp32 on the
+    resident set before the call (after ``malloc_trim``, so freed heap pages are not silently reused): real
+    memory, so it includes allocator and page-size slack (~MBs) and counts only pages actually written;
+    meaningful when the tensors are tens of MB. Run it in fp32 on the
     torch paths (``attention_naive`` vs ``flash_attention_fwd(path='torch')``, whose CPU SDPA kernel is itself
     tiled): the Triton interpreter's NumPy buffers are not what a GPU would allocate."""
     device = torch.device(device)
@@ -171,6 +192,8 @@ def measure_peak_bytes(fn: Callable[[], object], device: str | torch.device = "c
         return out, torch.cuda.max_memory_allocated(device) - before
     if device.type != "cpu" or not sys.platform.startswith("linux"):
         raise RuntimeError(f"measure_peak_bytes works on CUDA, or on a Linux CPU; got {device} on {sys.platform}")
+    gc.collect()
+    _malloc_trim()  # hand freed heap pages back first, or the call could reuse them without the RSS growing
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
     before = _proc_status("VmRSS")
@@ -461,8 +484,8 @@ def flash_attention_fwd(
     GQA: H a multiple of Hkv, query head h reads KV head h // (H/Hkv). ``causal``: aligned to the END of the
     keys (query i at position Tk − Tq + i sees keys ≤ it; Tq = 1 decode sees all). ``sm_scale``: default
     1/√d. ``kv_lens`` (B,) int: sequence b has only its first kv_lens[b] keys (a padded batch of cached
-    sequences); causal then aligns to kv_lens[b]. head_dim in (16, 32, 64, 128); fp32/fp16/bf16, fp32
-    accumulation; any strides. ``path``: 'auto', 'triton' or 'torch' (SDPA); bf16 under the interpreter
+    sequences; checking its range costs one device sync); causal then aligns to kv_lens[b]. head_dim in
+    (16, 32, 64, 128); fp32/fp16/bf16, fp32 accumulation; any strides. ``path``: 'auto', 'triton' or 'torch' (SDPA); bf16 under the interpreter
     takes torch on 'auto' and raises on 'triton'. ``block_m``/``block_n`` (16..256) override the tiles.
     Checks run first, before any allocation."""
     _check(q, k, v, causal, kv_lens)

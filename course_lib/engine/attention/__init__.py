@@ -7,11 +7,29 @@ over a flat batch of new tokens whose sequences have different lengths. The mode
 
 - ``ContiguousBackend``: one slab of ``max_len`` slots per sequence + SDPA (chapter 02's behaviour).
 - ``NoCacheBackend``: stores nothing; every step recomputes the whole sequence (chapter 05's baseline).
-- chapter 05 adds a paged backend (block tables) and Triton flash/paged kernels behind the same methods.
+- ``FlashBackend``: the contiguous storage, attention by the Triton FlashAttention kernel (chapter 05).
+- chapter 05 also adds a paged backend (block tables) and a Triton paged-decode kernel.
+
+``FlashBackend`` is imported on first use (it pulls in Triton), so ``import course_lib.engine`` stays light.
 """
 
 from course_lib.engine.attention.base import AttentionBackend, AttentionMetadata, attention_ref
 from course_lib.engine.attention.contiguous import ContiguousBackend
 from course_lib.engine.attention.nocache import NoCacheBackend
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "ContiguousBackend", "NoCacheBackend", "attention_ref"]
+__all__ = [
+    "AttentionBackend",
+    "AttentionMetadata",
+    "ContiguousBackend",
+    "FlashBackend",
+    "NoCacheBackend",
+    "attention_ref",
+]
+
+
+def __getattr__(name: str):
+    if name == "FlashBackend":
+        from course_lib.engine.attention.flash import FlashBackend
+
+        return FlashBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
