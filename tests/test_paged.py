@@ -293,6 +293,20 @@ def test_engine_beam_search_paged_identical_to_contiguous(tiny):
     assert eng.backend.blocks.num_used == 0
 
 
+def test_engine_kv_cache_option(tiny):
+    """``Engine(..., kv_cache="paged", block_size=16)``: skipped until the engine grows the option."""
+    import inspect
+
+    if "kv_cache" not in inspect.signature(Engine).parameters:
+        pytest.skip("Engine(kv_cache=...) is not there yet; Engine(backend=PagedBackend.for_model(...)) works")
+    hf, tok = tiny
+    eng = Engine(hf, tok, config=SchedulerConfig(max_num_seqs=4, max_model_len=256), kv_cache="paged", block_size=16)
+    assert isinstance(eng.backend, PagedBackend) and eng.backend.block_size == 16
+    assert eng.backend.num_blocks == 4 * 256 // 16 and eng.backend.max_tokens_per_seq() == 256
+    with pytest.raises(ValueError, match="kv_cache"):
+        Engine(hf, tok, kv_cache="ring")
+
+
 # ----------------------------------------------------------------------------- the kernel
 def _paged_case(B, H, Hkv, d, bs, lens, dtype, seed=0):
     """Random contiguous K/V (B, Hkv, L, d) and the same values scattered into a shuffled paged pool."""

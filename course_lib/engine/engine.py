@@ -37,6 +37,7 @@ from course_lib.engine.sequence import Sequence
 from course_lib.metrics import RequestTrace
 
 LINEAR_CHOICES = ("auto", "reference", "skinny")
+KV_CACHE_CHOICES = ("contiguous", "paged")
 
 
 @dataclass
@@ -73,11 +74,17 @@ class Engine:
         config: SchedulerConfig | None = None,
         backend: AttentionBackend | None = None,
         linear: str = "auto",
+        kv_cache: str = "contiguous",
+        block_size: int = 16,
     ) -> None:
         """``linear``: "reference" (``F.linear`` everywhere), "skinny" (``layers.SkinnyLinear``: decode-shaped
-        products routed to the fastest CPU kernel) or "auto" (skinny for fp32 on a CPU, else reference)."""
+        products routed to the fastest CPU kernel) or "auto" (skinny for fp32 on a CPU, else reference).
+        ``kv_cache``: "contiguous" (one max-length slab per sequence) or "paged" (``PagedBackend``: blocks of
+        ``block_size`` tokens from a shared pool, chapter 05); ignored when ``backend`` is given."""
         if linear not in LINEAR_CHOICES:
             raise ValueError(f"linear must be one of {LINEAR_CHOICES}, got {linear!r}")
+        if kv_cache not in KV_CACHE_CHOICES:
+            raise ValueError(f"kv_cache must be one of {KV_CACHE_CHOICES}, got {kv_cache!r}")
         if config is not None and not isinstance(config, SchedulerConfig):
             raise ValueError(f"config must be a SchedulerConfig, got {type(config).__name__}")
         if isinstance(model, (str, Path)):
@@ -104,6 +111,10 @@ class Engine:
                 f"window of {m.max_position} tokens"
             )
         self.config = config
+        if backend is None and kv_cache == "paged":
+            from course_lib.engine.attention.paged import PagedBackend
+
+            backend = PagedBackend.for_model(m, config, block_size)  # max_kv_tokens (or seqs × len) in blocks
         if backend is None:
             # the contiguous cache reserves max_model_len slots per sequence: the KV budget buys whole rows
             rows = config.max_num_seqs

@@ -154,7 +154,9 @@ def _tensor(name: str, t, form: str) -> torch.Tensor:
     return t
 
 
-def _check(q, k_cache, v_cache, block_tables, context_lens) -> tuple[int, int, int, int, int]:
+def _check(
+    q, k_cache, v_cache, block_tables, context_lens, check_values: bool = True
+) -> tuple[int, int, int, int, int]:
     """Shapes, dtypes, strides, devices and values; returns (B, H, Hkv, d, block_size)."""
     _tensor("q", q, "(B, H, head_dim)")
     if q.dim() != 3 or q.dtype not in DTYPES:
@@ -201,6 +203,8 @@ def _check(q, k_cache, v_cache, block_tables, context_lens) -> tuple[int, int, i
     for name, t in (("block_tables", block_tables), ("context_lens", context_lens)):
         if t.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+    if not check_values:
+        return B, H, Hkv, d, bs
     lens = context_lens.tolist()  # one small device→host copy: wrong lengths would read out of bounds
     max_blocks = block_tables.shape[1]
     if min(lens) < 1 or max(lens) > max_blocks * bs:
@@ -227,12 +231,15 @@ def paged_decode(
     *,
     scale: float | None = None,
     path: str = "auto",
+    check_values: bool = True,
 ) -> torch.Tensor:
     """Attention of one query per sequence over its paged K/V: q (B, H, d); caches (num_blocks, bs, Hkv, d)
     of q's dtype (fp32/fp16/bf16), bs a power of two, d in ``HEAD_DIMS``, H a multiple of Hkv;
     block_tables (B, max_blocks) int32; context_lens (B,) ≥ 1 → (B, H, d) in q's dtype, fp32 softmax.
-    ``path``: 'auto' (Triton on CUDA or under the interpreter, else torch), 'triton' or 'torch'. Checks run first."""
-    B, H, Hkv, d, bs = _check(q, k_cache, v_cache, block_tables, context_lens)
+    ``path``: 'auto' (Triton on CUDA or under the interpreter, else torch), 'triton' or 'torch'. Checks run first;
+    ``check_values=False`` skips those that read lengths and table entries (a device→host copy), for callers
+    whose tables are valid by construction (``PagedBackend``, once per layer)."""
+    B, H, Hkv, d, bs = _check(q, k_cache, v_cache, block_tables, context_lens, check_values)
     scale = d**-0.5 if scale is None else float(scale)
     if resolve_path(path, q.device) == "torch":
         return paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale)

@@ -254,6 +254,8 @@ class PagedBackend(AttentionBackend):
             mask = (torch.arange(L, device=dev)[None, :] < lens[:, None])[:, None, None]  # (Nd, 1, 1, L)
         nb = cdiv(L, self.block_size)
         sub = tables[:, :nb] if len(rows) == tables.shape[0] else tables[rows, :nb]  # (Nd, nb)
+        if self.decode == "kernel":
+            sub = sub.to(torch.int32).contiguous()  # the kernel's block-table type, converted once per step
         return {"tables": sub, "lens": lens.to(torch.int32), "L": L, "mask": mask}
 
     def _chunk_mask(self, start: int, T: int, ctx: int) -> torch.Tensor | None:
@@ -276,7 +278,7 @@ class PagedBackend(AttentionBackend):
         if self.decode == "kernel":
             from course_lib.kernels.paged_decode import paged_decode
 
-            return paged_decode(q.contiguous(), K, V, d["tables"], d["lens"])
+            return paged_decode(q.contiguous(), K, V, d["tables"], d["lens"], check_values=False)
         keys, values = self.gather(K, d["tables"], d["L"]), self.gather(V, d["tables"], d["L"])
         return sdpa(q[:, :, None], keys, values, d["mask"], False, self.use_sdpa)[:, :, 0]  # (Nd, H, hd)
 
