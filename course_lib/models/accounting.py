@@ -92,6 +92,12 @@ PRESETS: dict[str, ModelShape] = {
     "llama-2-70b": ModelShape("llama-2-70b", 32000, 8192, 28672, 80, 64, 8, 128, False, 4096),
     "llama-3-8b": ModelShape("llama-3-8b", 128256, 4096, 14336, 32, 32, 8, 128, False, 8192),
     "llama-3-70b": ModelShape("llama-3-70b", 128256, 8192, 28672, 80, 64, 8, 128, False, 8192),
+    # mistralai/Mistral-7B-v0.1 config.json (its 4096-token sliding window is not modelled: the KV cache
+    # is counted for the whole context).
+    "mistral-7b": ModelShape("mistral-7b", 32000, 4096, 14336, 32, 32, 8, 128, False, 32768),
+    # Qwen/Qwen2.5-7B and Qwen/Qwen2.5-72B config.json (the q/k/v biases, 0.01% of the weights, are not counted).
+    "qwen2.5-7b": ModelShape("qwen2.5-7b", 152064, 3584, 18944, 28, 28, 4, 128, False, 131072),
+    "qwen2.5-72b": ModelShape("qwen2.5-72b", 152064, 8192, 29568, 80, 64, 8, 128, False, 131072),
 }
 
 
