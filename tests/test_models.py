@@ -70,8 +70,10 @@ def test_family_sizes_and_repo_weight_budget():
     n_d = param_count(ModelShape.from_config(draft.config))
     assert 1e6 < n_t < 10e6, "target should have a few million parameters"
     assert 5 < n_t / n_d < 15, "draft should be about 10x smaller"
+    # every shipped weight file together: tiny-target and its MQA uptraining (~20 MB each, fp32), two drafts
+    # and the Medusa heads (a few MB each). A clone for Binder or CI must stay quick: raise this knowingly.
     total = sum(f.stat().st_size for f in MODELS.rglob("*.safetensors"))
-    assert total < 30e6
+    assert total < 60e6
 
 
 def test_validation_perplexity_matches_model_card():

@@ -17,7 +17,7 @@ from course_lib.paths import data_dir
 
 #: tiny-draft-distilled: tiny-draft's shape and budget, distilled from tiny-target (course_lib.compression.distill);
 #: it agrees more with the target (0.550 vs 0.517 top-1 on the validation split), chapter 04's better draft.
-EMBEDDED = ("tiny-target", "tiny-draft", "tiny-draft-distilled")
+EMBEDDED = ("tiny-target", "tiny-draft", "tiny-draft-distilled", "tiny-target-mqa")
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
