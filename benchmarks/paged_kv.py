@@ -20,12 +20,8 @@ import statistics
 
 import torch
 
-from course_lib.bench import benchmark
-from course_lib.engine import Engine, SchedulerConfig
-from course_lib.engine.attention import ContiguousBackend
-from course_lib.engine.attention.paged import PagedBackend, fragmentation, request_mix, sharing
-from course_lib.engine.model import LlamaEngineModel
-from course_lib.models.load import load_model
+from course_lib.engine.attention.paged import fragmentation, request_mix, sharing
+from course_lib.kvcache import paged_step_times
 from course_lib.report import machine_name
 
 MAX_MODEL_LEN = 2048
@@ -70,62 +66,18 @@ def memory(n_requests: int) -> dict:
     return out
 
 
-@torch.inference_mode()
 def decode_time(batch: int, context: int, repeats: int, rounds: int) -> dict:
-    hf, tok = load_model("tiny-target")
-    m = LlamaEngineModel(hf)
-    cfg = SchedulerConfig(max_num_seqs=batch, max_model_len=context + BLOCK)
-    backends = {
-        "contiguous": ContiguousBackend(m.num_layers, m.num_kv_heads, m.head_dim, context + BLOCK, batch),
-        "paged": PagedBackend.for_model(m, cfg, block_size=BLOCK, decode="gather"),
-    }
-    g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(0, m.vocab_size, (batch, context), generator=g).tolist()
-    steps, attn = {}, {}
-    for name, kv in backends.items():
-        eng = Engine(hf, tok, config=cfg, backend=kv)
-        handles = [kv.allocate() for _ in range(batch)]
-        for h in handles:
-            kv.append(h, context)
-        eng.forward(handles, prompts, [0] * batch)  # prefill: every sequence holds `context` tokens
-
-        def step(eng=eng, kv=kv, handles=handles):
-            for h in handles:
-                kv.append(h, 1)
-            eng.forward(handles, [[7]] * batch, [context] * batch)
-            for h in handles:
-                kv.truncate(h, context)  # roll back, so every repeat decodes at the same length
-
-        H, Hkv, hd = m.num_heads, m.num_kv_heads, m.head_dim
-        q, k, v = torch.randn(batch, H, hd), torch.randn(batch, Hkv, hd), torch.randn(batch, Hkv, hd)
-        pos = torch.full((batch,), context)
-
-        def attention(kv=kv, handles=handles):
-            for h in handles:
-                kv.append(h, 1)
-            meta = kv.prepare(handles, [1] * batch, pos)
-            for layer in range(m.num_layers):
-                kv.forward(layer, q, k, v, meta)
-            for h in handles:
-                kv.truncate(h, context)
-
-        steps[name], attn[name] = step, attention
-    res = {n: {"step": [], "attention": []} for n in backends}
-    for _ in range(rounds):  # interleaved rounds: a noisy neighbour slows both, not one
-        for name in backends:
-            res[name]["step"].append(benchmark(steps[name], warmup=2, repeats=repeats, device="cpu").median_s)
-            res[name]["attention"].append(benchmark(attn[name], warmup=2, repeats=repeats, device="cpu").median_s)
-    kv_bytes = batch * (context + 1) * backends["paged"].bytes_per_token  # K and V of all layers read per step
+    res = paged_step_times(batch, context, repeats, rounds, block_size=BLOCK)
+    kv_bytes = batch * (context + 1) * 2 * 6 * 2 * 32 * 4  # tiny-target: 2 (K,V) · 6 layers · 2 kv heads · 32 · fp32
     print(
         f"\ndecode step, tiny-target, batch {batch}, context {context}: {kv_bytes / 1e6:.1f} MB of KV read per step;"
         f" the gather writes and re-reads that much again (prediction: attention ~2x, step much less)"
     )
     print(f"{'backend':<12} {'step ms':>9} {'attention ms':>13}")
     out = {"batch": batch, "context": context, "kv_bytes": kv_bytes}
-    for name in backends:
-        s, a = statistics.median(res[name]["step"]), statistics.median(res[name]["attention"])
-        out[name] = {"step_ms": s * 1e3, "attention_ms": a * 1e3}
-        print(f"{name:<12} {s * 1e3:>9.2f} {a * 1e3:>13.2f}")
+    for name, r in res.items():
+        out[name] = {"step_ms": r.step_s * 1e3, "attention_ms": r.attention_s * 1e3}
+        print(f"{name:<12} {r.step_s * 1e3:>9.2f} {r.attention_s * 1e3:>13.2f}")
     ratio = out["paged"]["step_ms"] / out["contiguous"]["step_ms"]
     att = out["paged"]["attention_ms"] / out["contiguous"]["attention_ms"]
     out["step_ratio"], out["attention_ratio"] = ratio, att

@@ -237,3 +237,15 @@ def test_kv_on_off_rows_and_identical_tokens(engine):
     fig, ax = kvcache.plot_kv_on_off(result)
     assert ax.get_xscale() == "log" and len(ax.lines) == 4
     plt.close(fig)
+
+
+def test_paged_step_times_rows_and_bad_input():
+    from course_lib.kvcache import paged_step_times
+
+    res = paged_step_times(batch=2, context=16, repeats=1, rounds=1)
+    assert set(res) == {"contiguous", "paged"}
+    assert all(r.step_s > r.attention_s > 0 for r in res.values())
+    with pytest.raises(ValueError, match="context"):
+        paged_step_times(batch=2, context=10**6)
+    with pytest.raises(ValueError, match="batch"):
+        paged_step_times(batch=0)
