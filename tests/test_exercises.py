@@ -77,3 +77,19 @@ def test_ch04_exercises():
         ch04.check_ridge_batch(30, ridge=15.0, gamma=4)
     with pytest.raises(ValueError, match="ridge"):
         ch04.check_ridge_batch(6, ridge=0)
+
+
+def test_ch05_exercises():
+    from course_lib.exercises import ch05
+    from course_lib.kvcache import fit_requests, kv_gb
+
+    assert not ch05.check_kv_bytes_per_token(None)
+    assert ch05.check_kv_bytes_per_token(2 * 32 * 8 * 128 * 2, "llama-3-8b", "bf16")  # 128 KiB
+    with pytest.raises(AssertionError, match="KV heads"):
+        ch05.check_kv_bytes_per_token(2 * 32 * 32 * 128 * 2, "llama-3-8b", "bf16")  # counted the query heads
+    assert ch05.check_fit_requests(fit_requests("llama-3-8b", "H100 SXM", "bf16", 8192))
+    with pytest.raises(ValueError, match="answer"):
+        ch05.check_fit_requests(3.5)
+    assert ch05.check_kv_stream_ms(kv_gb("llama-2-7b", "fp16", 4096, 16) * 1e9 / 1e12 * 1e3, bandwidth=1e12)
+    with pytest.raises(ValueError, match="bandwidth"):
+        ch05.check_kv_stream_ms(1.0, bandwidth=-1)

@@ -90,3 +90,11 @@ def test_ch04_lookup_speedup_remeasures():
     assert not ch04.check_lookup_speedup(None, target, prompt, new_tokens=8)
     with pytest.raises(AssertionError, match="speed-up"):
         ch04.check_lookup_speedup(1000.0, target, prompt, new_tokens=8)
+
+
+def test_ch05_kv_speedup_remeasures():
+    from course_lib.exercises import ch05
+
+    assert not ch05.check_kv_speedup(None, length=24)
+    with pytest.raises(AssertionError, match="speed-up"):
+        ch05.check_kv_speedup(1000.0, length=24)
