@@ -1,0 +1,624 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · Attention and the KV cache
+#
+# Attention is the one part of a transformer whose cost depends on the context. Each new token attends to
+# every earlier one, so the model keeps their keys and values, the **KV cache**, instead of recomputing
+# them. Xiao & Zhu (*Foundations of LLMs*) and Huyen (*AI Engineering*, ch. 9) make three claims about it,
+# and NVIDIA's inference-optimization article shares them:
+#
+# * the cache turns quadratic total work into linear, but its memory grows with every token of every
+#   request, and it becomes what limits the batch and the context;
+# * memory is wasted when each request reserves room for its longest possible length;
+# * there are three ways out: shrink what each token stores (multi-query and grouped-query attention),
+#   allocate it in pages (PagedAttention), and compute attention without materialising the scores
+#   (FlashAttention).
+#
+# This chapter builds each one into the course's engine and measures it.
+
+# %% [markdown]
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-course/course/blob/main/notebooks/05_attention_kv_cache.ipynb)
+
+# %%
+# Colab only: fetch the course and install course_lib WITHOUT replacing Colab's own torch/triton.
+import os
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    if not os.path.isdir("/content/course"):
+        subprocess.run(
+            ["git", "clone", "--depth", "1", "https://github.com/llm-inference-course/course", "/content/course"],
+            check=True,
+        )
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "/content/course"], check=True)
+    deps = ["transformers>=4.56", "tokenizers>=0.20", "safetensors>=0.4", "psutil>=5.9"]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *deps], check=True)
+    os.environ["COURSE_ROOT"] = "/content/course"
+
+# %% [markdown]
+# **You will learn**
+#
+# * how much time the KV cache saves as a sequence grows, and why the saving is smaller than the FLOP
+#   count says;
+# * the size of the cache, 2 · layers · KV heads · head dim · bytes per token, checked against the
+#   engine's real tensors, and what it means for real models on real GPUs;
+# * what multi-query and grouped-query attention save, what they cost in quality, and how much a short
+#   "uptraining" buys back;
+# * FlashAttention: the online softmax, a Triton kernel, and the memory it does not allocate;
+# * PagedAttention: blocks, block tables, reference counts and copy-on-write, and the memory they stop
+#   wasting.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# %matplotlib inline
+import matplotlib.pyplot as plt
+import torch
+from IPython.display import display
+
+import course_lib
+from course_lib import gqa, hardware, kvcache, references
+from course_lib.claims import claim, compare_prediction
+from course_lib.engine import Engine, SamplingParams, SchedulerConfig
+from course_lib.engine.attention import BlockManager, OutOfBlocks
+from course_lib.engine.attention.paged import fragmentation, request_mix, sharing
+from course_lib.kernels import flash_attention as fa
+from course_lib.kernels import interpreter_on
+from course_lib.mode import pick
+from course_lib.models.accounting import ModelShape, kv_bytes_per_token
+from course_lib.report import record
+
+torch.manual_seed(0)
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+if not CUDA:
+    torch.set_num_threads(hardware.timing_threads())
+peaks = hardware.machine_peaks()
+print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
+print(peaks.provenance)
+print("Triton:", "interpreter (CPU: correct but slow, never timed)" if interpreter_on() else "compiled")
+ch = "05_attention_kv_cache"
+
+# %% [markdown]
+# ## 1 · With and without the cache
+#
+# Without a cache, producing token t means running the model over all t tokens again: the total work to
+# reach length L grows like L². With it, each step processes one new token, which attends to the t cached
+# keys: total work grows like L (plus a small L² term for attention itself).
+#
+# *Predict:* generating up to 256 tokens with tiny-target, the no-cache path does about 100× more FLOPs.
+# How many times slower do you expect it to be?
+
+# %%
+my_kv_speedup = None  # × at 256 tokens
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+onoff = kvcache.kv_on_off(
+    "tiny-target", lengths=pick([16, 32, 64, 128, 256], [16, 32, 64, 128, 256, 512]), repeats=pick(2, 3)
+)
+print(onoff)
+fig, ax = kvcache.plot_kv_on_off(onoff)
+plt.show()
+last = onoff.rows[-1]
+compare_prediction(
+    f"speed-up from the cache at {last.length} tokens", my_kv_speedup, theory=last.flop_ratio, measured=last.speedup
+)
+claim("the cache's speed-up grows with length", last.speedup / onoff.rows[0].speedup, at_least=1.5)
+claim("both paths produce the same greedy tokens", float(onoff.same_tokens), at_least=1.0)
+
+# %% [markdown]
+# The prediction line is `fixed cost per step + FLOPs / rate`, with both constants timed on two separate
+# no-cache steps before the series: nothing is fitted to these points. The measured speed-up falls far
+# short of the FLOP ratio for the reason chapter 01 measured: on this machine a step of a 5-million-
+# parameter model costs a fixed few milliseconds of per-layer overhead whatever its size, and the cached
+# path pays that fixed cost just as often as the uncached one.
+#
+# ## 2 · How big the cache is
+#
+# Each token stores a key and a value vector per layer per KV head: **2 · layers · KV heads · head dim ·
+# bytes** per token. The engine's contiguous cache allocates exactly that per slot; check it:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+target = Engine("tiny-target", device=DEV)
+print(kvcache.engine_kv_check(target))
+
+# %% [markdown]
+# For real models the numbers are large. *Predict* the KV bytes per token of Llama-2-7B in fp16 (32 layers,
+# 32 KV heads of 128), then read the table: which models use grouped-query attention, and what does it do
+# to the cache at 4k tokens?
+
+# %%
+my_llama2_kv_bytes = None
+
+# %%
+# NBVAL_CHECK_OUTPUT
+rows = kvcache.kv_table(
+    ["llama-2-7b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "mistral-7b", "qwen2.5-7b", "qwen2.5-72b"],
+    dtype="fp16",
+    context=4096,
+)
+print(kvcache.format_kv_table(rows, context=4096))
+compare_prediction(
+    "Llama-2-7B fp16 KV bytes per token",
+    my_llama2_kv_bytes,
+    theory=kv_bytes_per_token(ModelShape.from_name("llama-2-7b"), "fp16"),
+)
+print(references.cite("llama2_kv_bytes_per_token", link=False))
+
+# %% [markdown]
+# A 70B model with 64 query heads keeps only 8 KV heads: Llama-2-70B stores less per token than Llama-2-7B.
+# That is grouped-query attention, section 3. Now the serving question: next to the weights, how many
+# requests fit? The explorer shows weights + KV for a model, GPU, dtype, context and batch, against 90% of
+# the GPU's memory (vLLM's default share, printed below).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(references.cite("vllm_gpu_memory_utilization", link=False))
+display(kvcache.kv_explorer("llama-3-8b", "H100 SXM"))
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for model, gpu in [
+    ("llama-2-7b", "A100 80GB"),
+    ("llama-3-8b", "H100 SXM"),
+    ("llama-3-8b", "L4"),
+    ("llama-2-70b", "H100 SXM"),
+]:
+    try:
+        n = kvcache.fit_requests(model, gpu, "bf16", 8192)
+        why = "  (the weights alone do not fit: chapter 07 splits them)" if n == 0 else ""
+        print(f"{model:<12} on one {gpu:<10}: {n:>4} requests of 8192 tokens fit beside the bf16 weights{why}")
+    except ValueError as e:
+        print(f"{model:<12} on one {gpu:<10}: {e}")
+
+# %% [markdown]
+# ## 3 · Fewer KV heads: MHA, GQA, MQA
+#
+# Multi-head attention (MHA) gives every query head its own K and V. **Multi-query attention** (MQA,
+# Shazeer 2019) shares one K/V head among all query heads; **grouped-query attention** (GQA, Ainslie et al.
+# 2023) shares one per group. The cache shrinks by heads / KV heads, and so do the bytes a decode step reads
+# from it. The queries, and the attention FLOPs, stay the same.
+#
+# *Predict:* same model shape, 8 query heads, batch 8: at a 1024-token context, how much faster is a decode
+# step with 1 KV head (MQA) than with 8 (MHA)? The cache is 8× smaller, but the step also reads the weights.
+
+# %%
+my_mqa_speedup = None
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+heads_rows = gqa.kv_heads_rows((8, 2, 1), batch=8, contexts=pick((256, 1024), (256, 1024, 2048)), repeats=pick(5, 10))
+print(gqa.format_kv_rows(heads_rows))
+fig, ax = plt.subplots(figsize=(7, 3.8), dpi=80)
+gqa.plot_kv_heads(heads_rows, ax=ax)
+plt.show()
+at = max(r.context for r in heads_rows)
+mha = next(r for r in heads_rows if r.num_kv_heads == 8 and r.context == at)
+mqa = next(r for r in heads_rows if r.num_kv_heads == 1 and r.context == at)
+compare_prediction(
+    f"MQA speed-up over MHA at context {at}",
+    my_mqa_speedup,
+    theory=mha.predicted_ms / mqa.predicted_ms,
+    measured=mha.measured_ms / mqa.measured_ms,
+)
+claim(
+    "the cache's bytes follow the formula exactly (backend bytes_used)",
+    float(all(r.kv_bytes_used == r.kv_bytes_formula for r in heads_rows)),
+    at_least=1.0,
+)
+claim("MQA decodes faster than MHA at the longest context", mha.measured_ms / mqa.measured_ms, at_least=1.0)
+
+# %% [markdown]
+# The bandwidth model (`predicted`) counts the bytes each step must read, weights plus the whole cache, at
+# this machine's measured bandwidth. Where the measured speed-up falls short of it, look at the `compute`
+# column: attention's FLOPs do not shrink with fewer KV heads, and on a CPU core they set a floor.
+#
+# ### What fewer KV heads cost, and how much comes back
+#
+# The GQA paper converts a trained MHA model by **mean-pooling** the K and V projections of the heads in each
+# group, then trains briefly ("uptraining", ~5% of the original budget). tiny-target already has 2 KV heads;
+# pooling them into 1 makes it MQA. The course did that offline, 100 steps (≈ 7% of tiny-target's training):
+# the model card `data/models/tiny-target-mqa/README.md` has the command. First, the conversion itself:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+hf_target = target.hf_model
+pooled = gqa.convert_kv_heads(hf_target, 1)
+uptrained, tok, up_log = gqa.load_uptrained()
+n_eval = pick(16_384, 127_000)
+ppl = {
+    name: gqa.val_metrics(m, target.tokenizer, max_tokens=n_eval)["perplexity"]
+    for name, m in [
+        ("original (2 KV heads)", hf_target),
+        ("pooled to 1, no training", pooled),
+        ("pooled + 100 steps", uptrained),
+    ]
+}
+for name, p in ppl.items():
+    print(f"{name:<28} validation perplexity {p:7.2f}   ({n_eval:,} tokens)")
+recovered = (ppl["pooled to 1, no training"] - ppl["pooled + 100 steps"]) / (
+    ppl["pooled to 1, no training"] - ppl["original (2 KV heads)"]
+)
+print(f"uptraining recovered {recovered:.0%} of the perplexity lost by pooling")
+fig, ax = plt.subplots(figsize=(7, 3.5), dpi=80)
+gqa.plot_uptrain(up_log, ax=ax, original_ppl=ppl["original (2 KV heads)"])
+ax.set_title("offline uptraining of the pooled MQA model (its shipped log)")
+plt.show()
+claim(
+    "pooling KV heads costs quality (perplexity rises by > 10%)",
+    ppl["pooled to 1, no training"] / ppl["original (2 KV heads)"],
+    at_least=1.1,
+)
+claim("a short uptraining recovers most of it (> 50% of the gap)", recovered, at_least=0.5)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# Quick mode: a few uptraining steps of a fresh pooled copy, just to watch the loss move.
+fresh = gqa.convert_kv_heads(hf_target, 1)
+mini = gqa.uptrain(
+    fresh,
+    target.tokenizer,
+    steps=pick(3, 20),
+    batch=pick(4, 16),
+    seq_len=pick(128, 256),
+    eval_every=None,
+    eval_tokens=pick(2048, 16_384),
+)
+print("train loss per step:", " ".join(f"{x:.2f}" for x in mini["train_loss"]))
+
+# %% [markdown]
+# ## 4 · FlashAttention
+#
+# Naive attention computes the (T × T) score matrix S = QKᵀ/√d, writes it to memory, reads it back for the
+# softmax, writes the probabilities, reads them back to multiply by V. Memory and traffic grow with T².
+# FlashAttention (Dao et al., 2022) never writes S: it walks over key blocks keeping, for each query row, a
+# running max m, a running sum l and a running output, and rescales them when the max grows. The **online
+# softmax**, step by step for one row of 12 scores in blocks of 4:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+g = torch.Generator().manual_seed(0)
+scores = torch.randn(12, generator=g) * 2
+values = torch.randn(12, 3, generator=g)
+steps = fa.online_softmax_steps(scores, block=4, values=values)
+print(f"{'after block':<12}{'keys':>8}{'running max m':>15}{'rescale α':>11}{'running sum l':>15}")
+for st in steps:
+    print(
+        f"{st['block']:<12}{str(st['keys']):>8}{float(st['m']):>15.4f}{float(st['alpha']):>11.4f}{float(st['l']):>15.4f}"
+    )
+exact = torch.softmax(scores.double(), 0) @ values.double()
+print("online result equals softmax(s)·V:", torch.allclose(steps[-1]["out"], exact, atol=1e-12))
+
+# %% [markdown]
+# The Triton kernel (`course_lib/kernels/flash_attention.py`) does exactly this per tile of queries, with
+# the scores of one (BLOCK_M × BLOCK_N) tile in registers. Check it against the spelled-out reference and
+# PyTorch's SDPA on awkward shapes: a length that is not a multiple of the block, a decode step (one query
+# against a cache), grouped KV heads. On a CPU the kernel runs in Triton's interpreter: correct, never fast.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+cases = [
+    dict(B=1, H=2, Hkv=2, tq=37, tk=37, d=32, causal=True),
+    dict(B=2, H=4, Hkv=1, tq=1, tk=45, d=16, causal=True),
+    dict(B=1, H=4, Hkv=2, tq=20, tk=52, d=64, causal=False),
+]
+for c in cases:
+    q = torch.randn(c["B"], c["H"], c["tq"], c["d"], generator=g)
+    k = torch.randn(c["B"], c["Hkv"], c["tk"], c["d"], generator=g)
+    v = torch.randn(c["B"], c["Hkv"], c["tk"], c["d"], generator=g)
+    out = fa.flash_attention_fwd(q, k, v, causal=c["causal"], path="triton" if fa.HAS_TRITON else "torch")
+    ref = fa.attention_naive(q, k, v, causal=c["causal"])
+    sd = fa.flash_attention_torch(q, k, v, causal=c["causal"])
+    ok = torch.allclose(out, ref, atol=1e-4) and torch.allclose(out, sd, atol=1e-4)
+    print(f"q {tuple(q.shape)} k {tuple(k.shape)} causal={c['causal']!s:<5}: flash = naive = SDPA within 1e-4: {ok}")
+
+# %% [markdown]
+# *Predict:* how much memory does naive attention allocate for the scores of 4 heads at T = 2048 in fp32, and
+# how much does a tiled kernel need? (Two T×T fp32 matrices, scores and probabilities, for naive.)
+
+# %%
+my_naive_mb = None
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+Ts = pick([256, 512, 1024, 2048], [512, 1024, 2048, 4096])
+mem = []
+for T in Ts:
+    q, k, v = (torch.randn(1, 4, T, 32, device=DEV) for _ in range(3))
+    _, naive_b = fa.measure_peak_bytes(lambda: fa.attention_naive(q, k, v, causal=True), DEV)
+    _, tiled_b = fa.measure_peak_bytes(
+        lambda: fa.flash_attention_fwd(q, k, v, causal=True, path="auto" if CUDA else "torch"), DEV
+    )
+    mem.append((T, naive_b, tiled_b, fa.naive_attention_bytes(1, 4, T, head_dim=32, causal=True)))
+    print(
+        f"T={T:>5}: naive {naive_b / 1e6:8.1f} MB (formula {mem[-1][3] / 1e6:7.1f} MB), tiled {tiled_b / 1e6:6.1f} MB"
+    )
+fig, ax = plt.subplots(figsize=(6, 3.5), dpi=80)
+ax.plot(Ts, [m[1] / 1e6 for m in mem], "o-", label="naive: measured")
+ax.plot(Ts, [m[3] / 1e6 for m in mem], "--", color="C0", alpha=0.6, label="naive: formula (∝ T²)")
+ax.plot(Ts, [max(m[2], 1) / 1e6 for m in mem], "s-", label="tiled (flash on GPU, SDPA's tiled CPU kernel here)")
+ax.set_xscale("log", base=2)
+ax.set_yscale("log")
+ax.set_xlabel("sequence length T")
+ax.set_ylabel("extra memory, MB")
+ax.legend(fontsize=8)
+plt.show()
+compare_prediction(
+    "naive attention's scores at T=2048, MB",
+    my_naive_mb,
+    theory=fa.naive_attention_bytes(1, 4, 2048, causal=False) / 1e6,
+    measured=next((m[1] / 1e6 for m in mem if m[0] == 2048), None),
+)
+claim(
+    "naive attention's memory grows ~4× per doubling of T (T²)",
+    mem[-1][1] / mem[-2][1],
+    at_least=3.0,
+    why_not="at small T the allocator's slack and the output dominate the measurement",
+)
+claim("the tiled kernel needs < 1/10 of naive's memory at the longest T", mem[-1][2] / mem[-1][1], at_most=0.1)
+
+# %% [markdown]
+# The kernel as the engine's attention backend: `FlashBackend` keeps the contiguous cache and replaces SDPA
+# by the kernel. Greedy output must not change:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from course_lib.engine.attention import FlashBackend  # noqa: E402
+
+flash_engine = Engine(
+    hf_target, target.tokenizer, backend=FlashBackend.from_model(target.model, max_len=256, max_seqs=4)
+)
+p = SamplingParams(max_new_tokens=pick(6, 32), ignore_eos=True)
+same = [r.output_ids for r in flash_engine.generate(["def fibonacci(n):"], p)] == [
+    r.output_ids for r in target.generate(["def fibonacci(n):"], p)
+]
+print("FlashBackend greedy output identical to the contiguous backend:", same)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if CUDA:
+    from triton.testing import do_bench
+
+    print(f"{'T':>6}{'d':>5}{'naive ms':>10}{'SDPA ms':>9}{'flash ms':>10}{'flash / SDPA speed':>20}")
+    for d in (64, 128):
+        for T in (1024, 2048, 4096):
+            q, k, v = (torch.randn(4, 16, T, d, device="cuda", dtype=torch.float16) for _ in range(3))
+            t_sdpa = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+            t_flash = do_bench(lambda: fa.flash_attention_fwd(q, k, v, causal=True, path="triton"))
+            t_naive = do_bench(lambda: fa.attention_naive(q, k, v, causal=True)) if T <= 2048 else float("nan")
+            print(f"{T:>6}{d:>5}{t_naive:>10.3f}{t_sdpa:>9.3f}{t_flash:>10.3f}{t_sdpa / t_flash:>19.2f}×")
+else:
+    print("no GPU: the FlashAttention timing vs SDPA runs on a GPU only (the interpreter is not a speed).")
+    print("published:", references.cite("flashattention_speedup", link=False))
+
+# %% [markdown]
+# ## 5 · PagedAttention
+#
+# The contiguous cache reserves `max_model_len` slots for every request when it starts, because it cannot
+# know the final length. Most of that slab stays empty. **PagedAttention** (Kwon et al., 2023, the vLLM
+# paper) stores the cache in fixed-size **blocks** from one shared pool; each sequence has a **block table**
+# mapping its logical blocks to physical ones, and takes a new block only when the last one is full. Blocks
+# carry **reference counts**, so sequences can share them (a forked sample shares its prompt) and a shared
+# block is copied only when one of them writes into it (**copy-on-write**).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+bm = BlockManager(num_blocks=6, block_size=4)
+a = bm.new_seq()
+bm.append(a, 6)  # 6 tokens → 2 blocks, the second half full
+print("a's block table:", bm.tables[a], "free blocks:", bm.num_free)
+b = bm.fork(a)  # parallel sampling: b shares a's blocks
+print("after fork: b's table", bm.tables[b], "ref counts", [bm.ref_count(x) for x in bm.tables[a]], "free", bm.num_free)
+copies = bm.append(b, 1)  # b writes into the shared, half-full block → copy-on-write
+print("b appends one token: copied", copies, "→ b's table", bm.tables[b], "a's table", bm.tables[a])
+try:
+    bm.append(a, 20)
+except OutOfBlocks as e:
+    print("OutOfBlocks:", e, "| a still holds", bm.lengths[a], "tokens: nothing changed, the scheduler can preempt")
+
+# %% [markdown]
+# *Predict:* on a realistic mix of requests (prompt and output lengths log-normal with means around 200, a
+# heavy tail, max 2048), what fraction of reserved KV memory holds nothing with max-length preallocation,
+# and with blocks of 16?
+
+# %%
+my_waste_maxlen = None  # fraction
+my_waste_paged = None
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+mix = request_mix(pick(500, 2000), prompt_mean=200, output_mean=200, sigma=1.0, max_model_len=2048, seed=0)
+frag = fragmentation(mix, 2048, 16)
+print(f"{len(mix)} requests; KV slots over every decode step: used {frag.used:,}")
+for scheme in ("max_len", "oracle", "paged"):
+    print(f"  {scheme:<8} reserved {frag.reserved[scheme]:>14,} → waste {frag.waste(scheme):6.1%}")
+for bs in (8, 32, 128):
+    print(f"  paged, block {bs:<4} waste {fragmentation(mix, 2048, bs).waste('paged'):6.1%}")
+compare_prediction("waste, max-length preallocation", my_waste_maxlen, measured=frag.waste("max_len"))
+compare_prediction("waste, paged (block 16)", my_waste_paged, measured=frag.waste("paged"))
+print("published:", references.cite("vllm_kv_waste", link=False))
+claim("paged KV wastes < 4% of what it reserves", frag.waste("paged"), at_most=0.04)
+share = sharing(mix[: pick(200, 2000)], n=4, block_size=16)
+print(
+    f"parallel sampling n=4: {share.shared_blocks:,} blocks with shared prompts vs {share.copied_blocks:,} with copies "
+    f"({share.saving:.0%} saved; {share.copy_on_write:,} copy-on-write copies)"
+)
+record(ch, "paged_waste", frag.waste("paged"), "fraction")
+_ = record(ch, "maxlen_waste", frag.waste("max_len"), "fraction")
+
+# %% [markdown]
+# Waste with blocks is at most one partly filled block per sequence, so it is about half a block over the
+# average length: smaller blocks waste less but make more, smaller reads. The "oracle" row reserves exactly
+# prompt + output, knowing the output length in advance, which no server does; it still wastes a third,
+# because it reserves the final length from the first token on.
+#
+# The engine with the paged backend, `Engine(..., kv_cache="paged")`: same tokens as the contiguous cache,
+# and a pool too small for all requests at once makes the scheduler preempt (free a sequence's blocks and
+# recompute it later), still with the same tokens.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+prompts = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "import os", "for i in range(10):"]
+p = SamplingParams(max_new_tokens=24, ignore_eos=True)
+ref = [r.output_ids for r in target.generate(prompts, p)]
+paged_engine = Engine("tiny-target", device=DEV, kv_cache="paged")
+print("paged greedy output identical to contiguous:", [r.output_ids for r in paged_engine.generate(prompts, p)] == ref)
+tight = Engine("tiny-target", device=DEV, kv_cache="paged", config=SchedulerConfig(max_kv_tokens=96))
+print(
+    f"a pool of {tight.backend.num_blocks} blocks of 16 for 4 requests of up to {len(max(target.encode(prompts), key=len)) + 24} tokens:"
+)
+out = tight.generate(prompts, p)
+print("  identical:", [r.output_ids for r in out] == ref)
+
+# %% [markdown]
+# What does paging cost per step? The torch path gathers each sequence's blocks into a contiguous view
+# before attention, which copies the cache once per layer: on a bandwidth-bound step that is extra traffic.
+# *Predict* the ratio of a paged decode step to a contiguous one at batch 8, context 256.
+
+# %%
+my_paged_ratio = None
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+times = kvcache.paged_step_times(batch=8, context=256, repeats=pick(5, 20), rounds=pick(2, 3))
+for name, t in times.items():
+    print(f"{name:<11} step {t.step_s * 1e3:6.2f} ms, attention alone {t.attention_s * 1e3:6.2f} ms")
+ratio = times["paged"].step_s / times["contiguous"].step_s
+compare_prediction("paged ÷ contiguous decode step", my_paged_ratio, measured=ratio)
+share = times["contiguous"].attention_s / times["contiguous"].step_s
+print(
+    f"attention is {share:.0%} of a contiguous step; paged attention alone is "
+    f"{times['paged'].attention_s / times['contiguous'].attention_s:.2f}× contiguous attention"
+)
+claim(
+    "the paged decode step is at most 1.3× the contiguous one",
+    ratio,
+    at_most=1.3,
+    why_not="the gather copies the whole cache each layer; with a large cache it dominates the step",
+)
+
+# %% [markdown]
+# Attention is only part of a decode step (the share is printed below), so the step slows by less than
+# attention alone does. On a GPU the gather disappears: the Triton paged-decode kernel (`course_lib/kernels/paged_decode.py`)
+# reads each block in place through the block table. It is checked against the reference here (in the
+# interpreter on a CPU):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from course_lib.kernels.paged_decode import paged_decode, paged_decode_ref  # noqa: E402
+
+B, H, Hkv, d, bs = 3, 4, 2, 32, 16
+lens = torch.tensor([5, 33, 17])
+nblk = 3 * ((int(lens.max()) + bs - 1) // bs) + 2
+k_cache, v_cache = torch.randn(nblk, bs, Hkv, d, generator=g), torch.randn(nblk, bs, Hkv, d, generator=g)
+tables = torch.randperm(nblk, generator=g)[: 3 * 3].view(3, 3).int()
+q = torch.randn(B, H, d, generator=g)
+out = paged_decode(q, k_cache, v_cache, tables, lens.int(), path="triton" if fa.HAS_TRITON else "torch")
+err = float((out - paged_decode_ref(q, k_cache, v_cache, tables, lens.int())).abs().max())
+print(
+    "paged-decode kernel = reference within 1e-5 for lengths",
+    lens.tolist(),
+    "(not multiples of the block):",
+    err < 1e-5,
+)
+
+# %% [markdown]
+# ## 6 · Exercises
+#
+# **Exercise 1.** KV-cache bytes per token of Llama-3-8B in bf16 (32 layers, 32 query heads, 8 KV heads of
+# 128)?
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from course_lib.exercises import ch05  # noqa: E402
+
+answer = None  # bytes
+ch05.check_kv_bytes_per_token(answer, "llama-3-8b", "bf16")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `answer = 2 * 32 * 8 * 128 * 2` = 131,072 bytes (128 KiB): the KV heads count, not the query heads. With
+# MHA it would be 4× more.
+# </details>
+#
+# **Exercise 2.** How many 8192-token requests of Llama-3-8B fit on one H100 SXM (80 GB) next to its bf16
+# weights, using 90% of the memory? (`kvcache.kv_gb`, `ModelShape.from_name(...)`, or the explorer.)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+answer = None  # requests
+ch05.check_fit_requests(answer, "llama-3-8b", "H100 SXM", 8192)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# ```python
+# from course_lib.models.accounting import weight_bytes
+# shape = ModelShape.from_name("llama-3-8b")
+# answer = int((0.9 * 80e9 - weight_bytes(shape, "bf16")) // (kv_bytes_per_token(shape, "bf16") * 8192))
+# ```
+# `kvcache.fit_requests("llama-3-8b", "H100 SXM", "bf16", 8192)` computes the same.
+# </details>
+#
+# **Exercise 3 (re-measure).** How many times faster does tiny-target reach 128 tokens with the KV cache than
+# without? Measure it with `kvcache.kv_on_off("tiny-target", lengths=[128])`. Predict first from section 1.
+# The check measures again and accepts your number within 35%.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+answer = None  # ×
+ch05.check_kv_speedup(answer, length=128)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `answer = kvcache.kv_on_off("tiny-target", lengths=[128]).rows[0].speedup`. Far below the ~60× FLOP ratio:
+# per-step overhead, paid by both paths, dominates a model this small.
+# </details>
+#
+# **Exercise 4 (your peaks).** A decode step must read the whole KV cache. At your machine's measured
+# bandwidth (`peaks.bandwidth`), how many ms does it take just to stream the fp16 cache of Llama-2-7B for a
+# batch of 16 requests at 4096 tokens?
+
+# %%
+# NBVAL_CHECK_OUTPUT
+answer = None  # ms
+ch05.check_kv_stream_ms(answer, bandwidth=peaks.bandwidth, model="llama-2-7b", batch=16, context=4096)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `answer = kvcache.kv_gb("llama-2-7b", "fp16", 4096, 16) * 1e9 / peaks.bandwidth * 1e3`: 34 GB of cache.
+# Compare it with the 13.5 GB of weights read in the same step: at this batch and context the cache, not
+# the weights, sets the decode time. That is why GQA and KV quantization matter for serving.
+# </details>
+#
+# ## Summary
+#
+# * The KV cache trades memory for compute: total work from quadratic to linear in the length. How much
+#   time it saves depends on what else a step costs; on a small model, fixed overhead hides much of it.
+# * Its size is 2 · layers · KV heads · head dim · bytes per token, per request: at long contexts and large
+#   batches it outgrows the weights and sets both the memory limit and the decode time.
+# * MQA and GQA divide it by the group size; pooling heads costs quality, and a short uptraining recovers
+#   most of it.
+# * FlashAttention computes exact attention without the T×T scores: memory linear in T, traffic far lower.
+# * PagedAttention allocates the cache in blocks: waste falls from most of the reservation to a few percent,
+#   forks share memory, and running out of blocks becomes a clean signal to preempt. Chapter 06 builds the
+#   scheduler on it.
