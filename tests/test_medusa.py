@@ -154,7 +154,9 @@ def test_train_heads_lowers_the_loss(target):
 
     tok = load_tokenizer(data_dir() / "models" / "tokenizer")
     data = (token_ids(tok, "train"), token_ids(tok, "val")[:4096])
-    log = train_heads(target, num_heads=2, steps=8, batch=2, seq_len=64, lr=3e-3, eval_every=8, eval_tokens=1024, data=data)
+    log = train_heads(
+        target, num_heads=2, steps=8, batch=2, seq_len=64, lr=3e-3, eval_every=8, eval_tokens=1024, data=data
+    )
     first, last = log["eval"][0], log["eval"][-1]
     assert first["step"] == 0 and last["step"] == 8
     assert sum(last["val"]["loss"]) < sum(first["val"]["loss"])

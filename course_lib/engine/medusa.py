@@ -20,8 +20,8 @@ target is tiny (5M parameters, V = 4096, D = 256), so one head's D×V + D² is ~
 target forward's weight reads: the cost ratio c is not negligible here, ``measure_medusa`` measures it.
 Decode stays bandwidth-bound; a verify over K+1 (or 1+nodes) positions reads the weights once.
 
-    python -m course_lib.engine.medusa train --heads 4 --steps 400 --batch 8 --seq-len 256 --lr 1e-3 \\
-        --seed 0 --out data/models/tiny-target-medusa
+    python -m course_lib.engine.medusa train --heads 4 --steps 300 --batch 8 --seq-len 256 --lr 2e-3 \\
+        --seed 0 --eval-every 100 --threads 2 --out data/models/tiny-target-medusa
     heads = load_medusa("tiny-target-medusa", target)
     SpeculativeDecoder(target, MedusaProposer(heads, target), gamma=heads.num_heads).generate(prompts)
 
@@ -31,6 +31,7 @@ Introduced in 04_decoding.ipynb.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import shlex
@@ -197,7 +198,9 @@ def load_medusa(path: str | Path = EMBEDDED_NAME, target: Engine | None = None) 
         meta = f.metadata() or {}
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     if "fingerprint" not in meta or "num_heads" not in meta:
-        raise ValueError(f"path: {file} has no Medusa metadata (num_heads, fingerprint); was it written by save_medusa?")
+        raise ValueError(
+            f"path: {file} has no Medusa metadata (num_heads, fingerprint); was it written by save_medusa?"
+        )
     why = fingerprint_mismatch(json.loads(meta["fingerprint"]), target_fingerprint(target))
     if why is not None:
         raise ValueError(f"Medusa heads trained for another model: {why} ({file})")
@@ -325,7 +328,10 @@ def train_heads(
         if progress:
             loss = " ".join(f"{v:.3f}" for v in m["loss"])
             acc = " ".join(f"{v:.3f}" for v in m["top1"])
-            print(f"step {step}: train~{ema if ema is not None else math.nan:.3f} val loss per head [{loss}] top-1 per head [{acc}]", flush=True)
+            print(
+                f"step {step}: train~{ema if ema is not None else math.nan:.3f} val loss per head [{loss}] top-1 per head [{acc}]",
+                flush=True,
+            )
         if out is not None:
             save_medusa(heads, out)
             info = {
@@ -356,7 +362,9 @@ def train_heads(
         opt.step()
         value = float(loss.detach())
         ema = value if ema is None else 0.95 * ema + 0.05 * value
-        log["train"].append({"step": step + 1, "loss": round(value, 4), "per_head": [round(float(v.detach()), 4) for v in losses]})
+        log["train"].append(
+            {"step": step + 1, "loss": round(value, 4), "per_head": [round(float(v.detach()), 4) for v in losses]}
+        )
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
             evaluate(step + 1, final=False)
     evaluate(steps, final=True)
@@ -376,8 +384,9 @@ class MedusaProposer(Proposer):
     hidden state at the position that produced the pending token, so head k's top-1 there is a guess for
     the k-th token *after* the pending one: exactly draft k. Nothing observed yet (the prefill step) →
     nothing proposed. The drafts are one-hot (q = None): the decoder accepts draft x with probability
-    min(1, p(x)/1) = p(x) and otherwise samples from p with x removed, which is exactly p, so sampled
-    output keeps the target's distribution and greedy output is token-identical."""
+    min(1, p(x)/1) = p(x), else draws from norm(p with x zeroed), so P(x) = p(x) and P(y ≠ x) =
+    (1 − p(x))·p(y)/(1 − p(x)) = p(y): sampled rows keep the target's distribution exactly, and greedy
+    rows ("accept while draft == argmax") are token-identical to plain greedy."""
 
     wants_hidden = True
 
@@ -491,6 +500,12 @@ class TreeStats(SpecStats):
         n = self.target_forwards - self.prefills
         return self.nodes / n if n > 0 else math.nan
 
+    @property
+    def verify_time(self) -> float:
+        """Mean seconds of one tree verify forward (``first_forward_time`` sums every prompt's prefill)."""
+        n = self.target_forwards - self.prefills
+        return (self.target_time - self.first_forward_time) / n if n > 0 else math.nan
+
 
 class MedusaTreeDecoder:
     """Greedy Medusa decoding with a candidate tree verified in ONE target forward per step (batch 1).
@@ -522,7 +537,6 @@ class MedusaTreeDecoder:
         self.mask = tree_mask(self.paths).to(target.device)  # (N+1, N+1)
         self.depth = [0] + [len(p) for p in self.paths]
         self.width = [max([p[d] for p in self.paths if len(p) > d]) + 1 for d in range(max(self.depth))]
-        self.children: list[dict[int, int]] = []  # filled per step: node → {token: child node}
         self.parent = [-1] + [0 if len(p) == 1 else self.paths.index(p[:-1]) + 1 for p in self.paths]
 
     def _candidates(self, hidden: torch.Tensor, max_depth: int) -> list[int]:
@@ -628,6 +642,10 @@ class MedusaTreeDecoder:
                 stats.nodes += len(live) - 1
                 stats.proposed += depth
                 stats.accepted += n
+                if hasattr(stats, "examined_at"):  # judged: every offered depth up to the first miss
+                    stats.examined += min(n + 1, depth)
+                    for j in range(min(n + 1, depth)):
+                        stats.examined_at[j] += 1
                 for j in range(depth):
                     stats.proposed_at[j] += 1
                 for j in range(n):
@@ -662,6 +680,18 @@ def _best_time(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)  # the least-disturbed run: other jobs only ever add time
+
+
+def _merge_stats(parts: list[SpecStats]) -> SpecStats:
+    """Sum the counters (numbers, per-position lists) of several runs' stats; history is dropped."""
+    out = type(parts[0])(parts[0].gamma)
+    for f in dataclasses.fields(out):
+        if f.name in ("gamma", "history"):
+            continue
+        for p in parts:
+            a, b = getattr(out, f.name), getattr(p, f.name)
+            setattr(out, f.name, [x + y for x, y in zip(a, b)] if isinstance(a, list) else a + b)
+    return out
 
 
 def measure_medusa(
@@ -699,14 +729,7 @@ def measure_medusa(
 
         outs = run()
         seconds = _best_time(run, repeats)
-        st = type(outs[0].stats)(outs[0].stats.gamma)  # all prompts' counters together
-        for o in outs:
-            for f in ("target_forwards", "row_steps", "generated", "proposed", "accepted"):
-                setattr(st, f, getattr(st, f) + getattr(o.stats, f))
-            for f in ("proposer_time", "target_time", "first_forward_time"):
-                setattr(st, f, getattr(st, f) + getattr(o.stats, f))
-            st.proposed_at = [a + b for a, b in zip(st.proposed_at, o.stats.proposed_at)]
-            st.accepted_at = [a + b for a, b in zip(st.accepted_at, o.stats.accepted_at)]
+        st = _merge_stats([o.stats for o in outs])  # all prompts' counters together
         # tokens per forward excluding the prefill forwards (each yields one token for either method)
         decode_fwd = st.target_forwards - len(outs)
         row = dict(
@@ -720,7 +743,7 @@ def measure_medusa(
             speedup=plain / seconds,
             identical=[o[0].output_ids for o in outs] == reference,
         )
-        if isinstance(st, SpecStats) and hasattr(outs[0].stats, "nodes"):
+        if isinstance(st, TreeStats):
             row["nodes_per_forward"] = sum(o.stats.nodes for o in outs) / decode_fwd
         rows.append(row)
     return {
@@ -753,18 +776,20 @@ def format_medusa_table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m course_lib.engine.medusa", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m course_lib.engine.medusa",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("train", help="train Medusa heads on the frozen tiny-target")
     p.add_argument("--target", default="tiny-target", help="embedded model name or checkpoint folder")
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--steps", type=int, default=800)
+    p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-tokens", type=int, default=1_000_000, help="validation tokens, final evaluation")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, required=True)
