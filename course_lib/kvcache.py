@@ -707,3 +707,44 @@ def paged_step_times(
                 res[name][0].append(benchmark(step, warmup=2, repeats=repeats, device="cpu").median_s)
                 res[name][1].append(benchmark(attention, warmup=2, repeats=repeats, device="cpu").median_s)
     return {n: PagedStep(n, statistics.median(s), statistics.median(a)) for n, (s, a) in res.items()}
+
+
+@dataclass(frozen=True)
+class BeamMemory:
+    """Peak KV bytes of one beam search on the paged backend: blocks held with copy-on-write sharing vs
+    what the same beams would hold if every fork copied its parent's blocks."""
+
+    num_beams: int
+    peak_shared: int
+    peak_unshared: int
+
+    @property
+    def saving(self) -> float:
+        return 1 - self.peak_shared / self.peak_unshared
+
+
+def beam_memory(engine, prompt, num_beams: int = 4, max_new_tokens: int = 32) -> BeamMemory:
+    """Run ``engine.beam_search`` on a paged engine (``Engine(..., kv_cache="paged")``) and record, after every
+    append, the bytes its block pool holds (shared prompt and common prefixes counted once) and the bytes the
+    beams would hold as separate copies (``bytes_unshared``)."""
+    from course_lib.engine.attention.paged import PagedBackend
+
+    kv = engine.backend
+    if not isinstance(kv, PagedBackend):
+        raise ValueError("engine must use the paged KV cache: Engine(..., kv_cache='paged')")
+    check_positive_int("num_beams", num_beams)
+    check_positive_int("max_new_tokens", max_new_tokens)
+    peak = [0, 0]
+    original = kv.append
+
+    def append(handle, n):
+        original(handle, n)
+        peak[0] = max(peak[0], kv.bytes_reserved())
+        peak[1] = max(peak[1], kv.bytes_unshared())
+
+    kv.append = append  # an instance attribute: only this engine, only during this call
+    try:
+        engine.beam_search(prompt, num_beams=num_beams, max_new_tokens=max_new_tokens, ignore_eos=True)
+    finally:
+        del kv.append
+    return BeamMemory(num_beams, peak[0], peak[1])

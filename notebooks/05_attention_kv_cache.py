@@ -459,6 +459,13 @@ print(
     f"parallel sampling n=4: {share.shared_blocks:,} blocks with shared prompts vs {share.copied_blocks:,} with copies "
     f"({share.saving:.0%} saved; {share.copy_on_write:,} copy-on-write copies)"
 )
+paged_beam = Engine("tiny-target", device=DEV, kv_cache="paged")
+long_prompt = 'def fibonacci(n):\n    """Return the n-th Fibonacci number, computed iteratively for speed."""'
+bmem = kvcache.beam_memory(paged_beam, long_prompt, num_beams=4, max_new_tokens=pick(16, 64))
+print(
+    f"beam search, 4 beams: peak {bmem.peak_shared / 1e3:.0f} kB of blocks with copy-on-write sharing vs "
+    f"{bmem.peak_unshared / 1e3:.0f} kB if every fork copied ({bmem.saving:.0%} saved)"
+)
 record(ch, "paged_waste", frag.waste("paged"), "fraction")
 _ = record(ch, "maxlen_waste", frag.waste("max_len"), "fraction")
 

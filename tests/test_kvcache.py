@@ -249,3 +249,17 @@ def test_paged_step_times_rows_and_bad_input():
         paged_step_times(batch=2, context=10**6)
     with pytest.raises(ValueError, match="batch"):
         paged_step_times(batch=0)
+
+
+def test_beam_memory_shares_the_prompt():
+    from course_lib.engine import Engine
+    from course_lib.kvcache import beam_memory
+
+    eng = Engine("tiny-target", kv_cache="paged")
+    ids = list(range(10, 42))  # 32 tokens: two full blocks of 16 shared by every beam
+    m = beam_memory(eng, ids, num_beams=3, max_new_tokens=6)
+    assert 0 < m.peak_shared < m.peak_unshared and 0 < m.saving < 1
+    assert "append" not in vars(eng.backend)  # the probe is removed
+    assert eng.backend.bytes_used() == 0
+    with pytest.raises(ValueError, match="paged"):
+        beam_memory(Engine("tiny-target"), ids)
