@@ -79,6 +79,10 @@ def main(argv=None) -> int:
     )
     goals = {
         "tiny-draft: measured / formula within ±15% at the best γ": abs(ours.speedup / ours.predicted - 1) <= 0.15,
+        "tiny-draft: measured / refined formula (verify cost, drafts per step) within ±15%": abs(
+            ours.speedup / ours.predicted_refined - 1
+        )
+        <= 0.15,
         "prompt lookup on an input-grounded prompt ≥ 1.5x": best["lookup (grounded)"].speedup >= 1.5,
         "ours ≥ transformers' assisted generation": hf["assisted_s"] >= ours.seconds,
         "every run token-identical to plain greedy": all(r.identical for r in rows) and hf["identical"],
