@@ -382,3 +382,21 @@ def test_fragmentation_and_sharing_on_a_request_mix():
     s = sharing(mix[:50], n=4, block_size=16)
     assert s.shared_blocks < s.copied_blocks and 0 < s.saving < 0.75
     assert s.copy_on_write == 3 * sum(p % 16 != 0 for p, _ in mix[:50])  # n−1 copies per partial last block
+
+
+def test_paged_engine_greedy_equals_transformers_generate():
+    """The paged backend against Hugging Face itself, not only against the contiguous backend."""
+    eng = Engine("tiny-target", kv_cache="paged", block_size=16)
+    ids = eng.encode(["def fibonacci(n):"])[0]
+    ours = eng.generate([ids], SamplingParams(max_new_tokens=20, ignore_eos=True))[0].output_ids
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        hf = eng.hf_model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=20,
+            min_new_tokens=20,
+            do_sample=False,
+            pad_token_id=eng.tokenizer.pad_token_id,
+        )[0, len(ids) :].tolist()
+    assert ours == hf
