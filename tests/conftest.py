@@ -7,6 +7,36 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's engine runs (``pytestmark = pytest.mark.usefixtures("one_thread")``):
+    steady on a shared 2-core machine, restored afterwards."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def target():
+    """The embedded tiny-target in an Engine, one per module."""
+    from course_lib.engine import Engine
+
+    return Engine("tiny-target")
+
+
+def flat_step(m, backend, handles, chunks):
+    """Append each chunk to its sequence's storage and run them as one flat forward; logits of every token."""
+    starts = []
+    for h, c in zip(handles, chunks):
+        starts.append(backend.length(h))
+        backend.append(h, len(c))
+    ids = torch.tensor([t for c in chunks for t in c])
+    pos = torch.tensor([p for s, c in zip(starts, chunks) for p in range(s, s + len(c))])
+    meta = backend.prepare(handles, [len(c) for c in chunks], pos)
+    return m(ids, pos, meta, backend)  # (N, V)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from course_lib.models.train import load_tokenizer

@@ -6,7 +6,7 @@ import torch
 from course_lib.engine import Engine, SamplingParams
 from course_lib.engine.attention import ContiguousBackend
 from course_lib.engine.model import LlamaEngineModel
-from tests.conftest import random_llama
+from tests.conftest import flat_step, random_llama
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\nclass Config:\n    def __init__(self", "x"]
 
@@ -15,18 +15,6 @@ def hf_greedy(model, tok, prompt, n):
     ids = tok(prompt, return_tensors="pt")
     out = model.generate(**ids, max_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id)
     return out[0, ids["input_ids"].shape[1] :].tolist()
-
-
-def flat_step(m, backend, handles, chunks):
-    """Append each chunk to its sequence's storage and run them as one flat forward; logits of every token."""
-    starts = []
-    for h, c in zip(handles, chunks):
-        starts.append(backend.length(h))
-        backend.append(h, len(c))
-    ids = torch.tensor([t for c in chunks for t in c])
-    pos = torch.tensor([p for s, c in zip(starts, chunks) for p in range(s, s + len(c))])
-    meta = backend.prepare(handles, [len(c) for c in chunks], pos)
-    return m(ids, pos, meta, backend)  # (N, V)
 
 
 def new_backend(m, rows=4, max_len=64):

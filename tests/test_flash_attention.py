@@ -18,6 +18,7 @@ from course_lib.kernels.flash_attention import (
     naive_attention_bytes,
     online_softmax_steps,
 )
+from tests.conftest import flat_step
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="Triton not installed")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -244,18 +245,6 @@ def test_bad_options_checked_before_any_path(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- the engine backend
-def _flat_step(m, backend, handles, chunks):
-    """Append each chunk to its sequence and run them as one flat forward (tests/test_engine.py's helper)."""
-    starts = []
-    for h, c in zip(handles, chunks):
-        starts.append(backend.length(h))
-        backend.append(h, len(c))
-    ids = torch.tensor([t for c in chunks for t in c])
-    pos = torch.tensor([p for s, c in zip(starts, chunks) for p in range(s, s + len(c))])
-    meta = backend.prepare(handles, [len(c) for c in chunks], pos)
-    return m(ids, pos, meta, backend)  # (N, V)
-
-
 @pytest.fixture(scope="module")
 def tiny_target():
     from course_lib.engine import Engine
@@ -289,7 +278,7 @@ def test_flash_backend_logits_equal_contiguous(tiny_target, monkeypatch):
             FlashBackend.from_model(m, 64, 3),
         ):
             handles = [backend.allocate() for _ in prompts]
-            outs.append([_flat_step(m, backend, [handles[i] for i in ids], chunks) for ids, chunks in steps])
+            outs.append([flat_step(m, backend, [handles[i] for i in ids], chunks) for ids, chunks in steps])
     for i, (ref, out) in enumerate(zip(*outs)):
         torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4, msg=lambda s: f"step {i}: {s}")
     if HAS_TRITON:  # the kernel really ran: per layer: 1 a single or decode step, 2 for each mixed one

@@ -3,10 +3,9 @@
 import math
 
 import pytest
-import torch
 from matplotlib.figure import Figure
 
-from course_lib.engine import Engine, SamplingParams
+from course_lib.engine import SamplingParams
 from course_lib.engine.jacobi import (
     CODE_PROMPT,
     JacobiProposer,
@@ -21,17 +20,7 @@ from course_lib.engine.speculative import SpeculativeDecoder, Verified
 PROMPTS = ["def fibonacci(n):", "The quick brown fox", "import numpy as np\n", CODE_PROMPT]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return Engine("tiny-target")
+pytestmark = pytest.mark.usefixtures("one_thread")  # target: the conftest fixture
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from course_lib.engine.attention.paged import PagedBackend, fragmentation, reque
 from course_lib.engine.model import LlamaEngineModel
 from course_lib.kernels import HAS_TRITON
 from course_lib.kernels.paged_decode import paged_decode, paged_decode_ref
-from tests.conftest import random_llama
+from tests.conftest import flat_step, random_llama
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="Triton not installed")
 
@@ -82,18 +82,6 @@ def test_fork_shares_and_copies_on_write_truncate_frees_whole_blocks():
 
 
 # ----------------------------------------------------------------------------- the backend in a model
-def flat_step(m, backend, handles, chunks):
-    """Append each chunk to its sequence's storage and run them as one flat forward; logits of every token."""
-    starts = []
-    for h, c in zip(handles, chunks):
-        starts.append(backend.length(h))
-        backend.append(h, len(c))
-    ids = torch.tensor([t for c in chunks for t in c])
-    pos = torch.tensor([p for s, c in zip(starts, chunks) for p in range(s, s + len(c))])
-    meta = backend.prepare(handles, [len(c) for c in chunks], pos)
-    return m(ids, pos, meta, backend)  # (N, V)
-
-
 def backends(m, block_size=4, num_blocks=64, decode="gather"):
     cont = ContiguousBackend(m.num_layers, m.num_kv_heads, m.head_dim, 64, 6)
     paged = PagedBackend(m.num_layers, m.num_kv_heads, m.head_dim, num_blocks, block_size, 64, decode=decode)

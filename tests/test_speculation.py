@@ -4,24 +4,11 @@ import math
 
 import matplotlib.pyplot as plt
 import pytest
-import torch
 
 from course_lib import speculation as S
-from course_lib.engine import Engine
 from course_lib.engine.speculative import PromptLookupProposer, best_gamma, expected_speedup
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return Engine("tiny-target")
+pytestmark = pytest.mark.usefixtures("one_thread")  # target: the conftest fixture
 
 
 def test_char_domains_labels_each_kind():

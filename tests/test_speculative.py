@@ -20,17 +20,7 @@ PROMPTS = ["def fibonacci(n):", "The quick brown fox", "import numpy as np\n", "
 REPETITIVE = "x = 1\ny = 2\nz = 3\nx = 1\ny = 2\nz = 3\nx = 1\ny = 2\nz = 3\nx = 1\n"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return Engine("tiny-target")
+pytestmark = pytest.mark.usefixtures("one_thread")  # target: the conftest fixture
 
 
 @pytest.fixture(scope="module")
