@@ -93,3 +93,19 @@ def test_ch05_exercises():
     assert ch05.check_kv_stream_ms(kv_gb("llama-2-7b", "fp16", 4096, 16) * 1e9 / 1e12 * 1e3, bandwidth=1e12)
     with pytest.raises(ValueError, match="bandwidth"):
         ch05.check_kv_stream_ms(1.0, bandwidth=-1)
+
+
+def test_ch07_exercises():
+    from course_lib.exercises import ch07
+    from course_lib.parallel.comm import collective_time
+
+    assert not ch07.check_bubble(None)
+    assert ch07.check_bubble(3 / 15, p=4, m=12)
+    with pytest.raises(AssertionError, match="bubble"):
+        ch07.check_bubble(3 / 12, p=4, m=12)  # (p − 1)/m forgets the fill and drain slots
+    assert ch07.check_allreduce_us(collective_time("all_reduce", 16e6, 8, "nvlink4") * 1e6)
+    with pytest.raises(AssertionError):
+        ch07.check_allreduce_us(16e6 / 450e9 * 1e6 * 100)
+    assert ch07.check_link_vs_memory(1e-9 * 20e9, beta=1e-9, bandwidth=20e9)
+    with pytest.raises(ValueError, match="beta"):
+        ch07.check_link_vs_memory(1.0, beta=0, bandwidth=1e9)

@@ -98,3 +98,11 @@ def test_ch05_kv_speedup_remeasures():
     assert not ch05.check_kv_speedup(None, length=24)
     with pytest.raises(AssertionError, match="speed-up"):
         ch05.check_kv_speedup(1000.0, length=24)
+
+
+def test_ch07_allreduce_remeasures():
+    from course_lib.exercises import ch07
+
+    assert not ch07.check_allreduce_ms(None)
+    with pytest.raises(AssertionError, match="all-reduce"):
+        ch07.check_allreduce_ms(1e6, nbytes=4096)

@@ -222,3 +222,14 @@ def test_bad_rank_and_double_sharding(single):
     engine = tp_engine(0, 1)
     with pytest.raises(ValueError, match="already sharded"):
         shard_model(engine.model.model, 0, 1, engine.model.comm)
+
+
+def test_tp_generate_matches_single_process_and_checks_input(single):
+    from course_lib.parallel.tensor import tp_generate
+
+    ranks_out = tp_generate(["def fibonacci(n):"], world_size=2, max_new_tokens=4)
+    assert ranks_out[0] == ranks_out[1]
+    ref = Engine("tiny-target").generate(["def fibonacci(n):"], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert ranks_out[0] == [ref[0].output_ids]
+    with pytest.raises(ValueError, match="prompts"):
+        tp_generate("def f():")

@@ -73,6 +73,18 @@ def all_reduce_sum(rank: int, world_size: int, n: int = 4) -> list[float]:
     return x.cpu().tolist()
 
 
+def fail_on_rank(rank: int, world_size: int, bad_rank: int = 1) -> int:
+    """A worker that crashes on ``bad_rank`` while the others wait in a collective: what ``launch`` does
+    with a failure (the error reaches the caller, the waiting ranks are stopped, nothing hangs)."""
+    import torch
+    import torch.distributed as dist
+
+    if rank == bad_rank:
+        raise RuntimeError(f"rank {rank} failed on purpose")
+    dist.all_reduce(torch.ones(1))  # never completes: the bad rank does not join
+    return rank
+
+
 def worker_device():
     """The device a worker computes on: ``cuda:<local rank>`` under NCCL, else the CPU."""
     import torch

@@ -573,3 +573,35 @@ def tp_step_times(
         timeout_s=timeout_s,
     )
     return TPStepTimes.from_ranks(results, batch, context, threads_per_worker)
+
+
+def tp_generate_worker(
+    rank: int, world_size: int, prompts: list[str], max_new_tokens: int = 8, sequence_parallel: bool = False
+) -> list[list[int]]:
+    """Greedy generation on one TP rank (run it under ``launch``): every rank runs the same requests in
+    lockstep and returns the same tokens."""
+    from course_lib.engine.sampling import SamplingParams
+
+    torch.set_num_threads(1)
+    engine = tp_engine(rank, world_size, sequence_parallel=sequence_parallel)
+    params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+    return [r.output_ids for r in engine.generate(prompts, params)]
+
+
+def tp_generate(
+    prompts: list[str], world_size: int = 2, max_new_tokens: int = 8, sequence_parallel: bool = False, timeout_s=180.0
+) -> list[list[list[int]]]:
+    """Greedy tokens of ``prompts`` from a TP group of ``world_size`` processes: one list per rank."""
+    from course_lib.parallel.launcher import launch
+
+    if isinstance(prompts, str) or not prompts:
+        raise ValueError("prompts must be a non-empty list of strings")
+    return launch(
+        tp_generate_worker,
+        world_size,
+        list(prompts),
+        max_new_tokens,
+        sequence_parallel,
+        threads_per_worker=1,
+        timeout_s=timeout_s,
+    )

@@ -1,0 +1,471 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · Parallelism: one model, several devices
+#
+# A model that does not fit on one device, or one that must answer faster than one device can, is split.
+# Xiao & Zhu (*Foundations of LLMs*) and Huyen (*AI Engineering*, ch. 9) list the ways: **replicas** (whole
+# copies, each serving its own requests), **tensor parallelism** (each matrix split across devices: "many
+# hands on one pizza", in NVIDIA's inference-optimization article), **pipeline parallelism** (the layers
+# split into stages: "cooks on a line"), and **sequence parallelism** (the work that tensor parallelism
+# leaves whole, split along the sequence). This chapter runs each for real with `torch.distributed` (gloo
+# between processes on a CPU, NCCL between GPUs), checks the output against one process, measures what the
+# communication costs here, and predicts the data-centre picture from a communication model with sourced
+# link figures.
+
+# %% [markdown]
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-course/course/blob/main/notebooks/07_parallelism.ipynb)
+
+# %%
+# Colab only: fetch the course and install course_lib WITHOUT replacing Colab's own torch/triton.
+import os
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    if not os.path.isdir("/content/course"):
+        subprocess.run(
+            ["git", "clone", "--depth", "1", "https://github.com/llm-inference-course/course", "/content/course"],
+            check=True,
+        )
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "/content/course"], check=True)
+    deps = ["transformers>=4.56", "tokenizers>=0.20", "safetensors>=0.4", "psutil>=5.9"]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *deps], check=True)
+    os.environ["COURSE_ROOT"] = "/content/course"
+
+# %% [markdown]
+# **You will learn**
+#
+# * how much memory each device needs under each split, and which models need how many GPUs;
+# * how to start a group of workers, and what happens when one of them fails;
+# * the α–β model of a collective (a fixed latency plus bytes over bandwidth), measured here and predicted
+#   for NVLink, PCIe and InfiniBand;
+# * Megatron tensor parallelism (column- then row-parallel layers, one all-reduce per block) and why it
+#   stays inside a node; sequence parallelism around it;
+# * pipeline parallelism, its bubble (p − 1)/(m + p − 1), and how micro-batches shrink it;
+# * replicas for throughput, and why on a 2-core machine every split is a lesson rather than a speed-up.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# %matplotlib inline
+import matplotlib.pyplot as plt
+import torch
+from IPython.display import display
+
+import course_lib
+from course_lib import hardware, references
+from course_lib.claims import claim, compare_prediction
+from course_lib.engine import Engine, SamplingParams
+from course_lib.mode import pick
+from course_lib.parallel import comm, launcher, pipeline, replica, tensor
+from course_lib.report import record
+
+torch.manual_seed(0)
+CUDA = torch.cuda.is_available()
+peaks = hardware.machine_peaks()
+cores = hardware.physical_cores()
+print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
+print(peaks.provenance)
+print(f"{cores} physical cores: 2 workers get {max(cores // 2, 1)} each")
+ch = "07_parallelism"
+
+# %% [markdown]
+# ## 1 · Why split: memory per device
+#
+# Weights in bf16 take 2 bytes per parameter; the KV cache comes on top (chapter 05). *Predict:* how many
+# H100s (80 GB) does Llama-3-70B need just to hold its bf16 weights, keeping 10% free?
+
+# %%
+my_gpus_70b = None
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(f"{'model':<14}{'weights GB (bf16)':>18}   fewest GPUs that hold weights + a 4k-token KV cache, batch 1")
+for model in ["llama-3-8b", "mistral-7b", "llama-2-70b", "llama-3-70b", "qwen2.5-72b"]:
+    row = []
+    for gpu in ["L4", "A100 80GB", "H100 SXM"]:
+        n = next(
+            (
+                d
+                for d in (1, 2, 4, 8, 16)
+                if comm.memory_per_device(model, d, 1, batch=1, context_len=4096, dtype="bf16", gpu=gpu).fits
+            ),
+            None,
+        )
+        row.append(f"{gpu}: {n if n else '>16'}")
+    w = comm.memory_per_device(model, 1, 1, batch=1, context_len=4096, dtype="bf16", gpu="H100 SXM").weights
+    print(f"{model:<14}{w / 1e9:>18.1f}   " + ", ".join(row))
+need = next(
+    d
+    for d in (1, 2, 4, 8)
+    if comm.memory_per_device("llama-3-70b", d, 1, batch=1, context_len=4096, dtype="bf16", gpu="H100 SXM").fits
+)
+compare_prediction("H100s needed for Llama-3-70B (bf16)", my_gpus_70b, theory=need)
+
+# %% [markdown]
+# Splitting for memory works with either tensor or pipeline parallelism: both divide the weights. What
+# differs is the time per token, the communication, and the idle time, which the rest of the chapter
+# measures.
+#
+# ## 2 · A group of workers
+#
+# `launcher.launch(fn, world_size)` starts one process per rank with `torch.distributed` initialised (gloo on
+# a CPU, NCCL on GPUs), gives each its share of the cores, and returns every rank's result. The worker
+# functions live in `course_lib` because spawned processes import them by name; a function defined in a
+# notebook cannot be sent to a new process.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+info = launcher.launch(launcher.rank_info, 2)
+for r in info:
+    print(r)
+print("all-reduce (sum of rank + 1 over 2 ranks):", launcher.launch(launcher.all_reduce_sum, 2)[0])
+
+# %% [markdown]
+# When one worker fails, the others may be waiting in a collective forever. The launcher stops them after a
+# short grace period and raises the failing rank's error in the caller, so a notebook never hangs:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import multiprocessing  # noqa: E402
+import time  # noqa: E402
+
+t0 = time.perf_counter()
+try:
+    launcher.launch(launcher.fail_on_rank, 2, timeout_s=60)
+except launcher.WorkerError as e:
+    print(f"caught after {time.perf_counter() - t0:.1f} s: {str(e).splitlines()[0]}")
+print("worker processes still alive:", multiprocessing.active_children())
+
+# %% [markdown]
+# ## 3 · What a collective costs: the α–β model
+#
+# Sending n bytes costs a fixed latency α plus n·β (β = 1/bandwidth). A ring **all-reduce** over p workers
+# moves 2(p − 1)/p of the data through every link in 2(p − 1) steps: t = 2(p − 1)·α + 2(p − 1)/p · n·β; an
+# all-gather or reduce-scatter half of that (Thakur, Rabenseifner & Gropp). Here the "link" is two processes
+# exchanging through memory with gloo.
+#
+# *Predict:* the all-reduce of 1 MB between two local processes: closer to 1 µs, 100 µs or 10 ms?
+
+# %%
+my_allreduce_1mb_ms = None
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+sizes = pick([2**k for k in range(4, 25, 4)], [2**k for k in range(2, 27, 2)])
+timings = comm.measure_collectives(2, sizes, ["all_reduce", "all_gather"], repeats=pick(3, 5))
+fits = comm.fit_by_op(timings)
+for op, fit in fits.items():
+    print(f"{op}: α = {fit.alpha * 1e6:.0f} µs, β → {fit.gbps:.2f} GB/s, worst error {fit.worst_error:.0%}")
+print(fits["all_reduce"].table())
+fig = comm.plot_alpha_beta(fits["all_reduce"], links_to_show=("nvlink4", "pcie5_x16", "ib_ndr"))
+display(fig)
+mb = next((t.seconds for t in timings if t.op == "all_reduce" and t.nbytes >= 2**20), None)
+compare_prediction(
+    "all-reduce of ~1 MB, ms",
+    my_allreduce_1mb_ms,
+    theory=fits["all_reduce"].predict("all_reduce", 2**20, 2) * 1e3,
+    measured=None if mb is None else mb * 1e3,
+)
+claim(
+    "the α–β model fits every measured all-reduce within ±30%",
+    fits["all_reduce"].worst_error,
+    at_most=0.30,
+    why_not="a shared machine: a run slowed by another program cannot be fitted",
+)
+_ = record(ch, "gloo_allreduce_gbps", fits["all_reduce"].gbps, "GB/s")
+
+# %% [markdown]
+# Two local processes exchange at about a GB/s with a latency of a hundred microseconds or more: slower than
+# reading the same bytes from memory (exercise 4 measures by how much) and far slower than NVLink, whose
+# lines the plot draws from datasheet figures:
+
+# %%
+for key in ("nvlink4_h100_bandwidth", "pcie_x16_bandwidth", "infiniband_ndr_bandwidth"):
+    print(references.cite(key, link=False))
+
+# %% [markdown]
+# ## 4 · Tensor parallelism
+#
+# Megatron-LM (Shoeybi et al.) splits each transformer block so that only one all-reduce is needed per block:
+# the first matrix is split by **columns** (q/k/v by heads, the MLP's gate and up by features), each rank
+# computes its heads or features with no communication, and the second matrix (o, down) is split by **rows**,
+# so each rank produces a partial sum of the full output and one all-reduce adds them. With grouped-query
+# attention each rank keeps whole KV heads: tiny-target (8 query heads, 2 KV heads) splits over 2 ranks, not 4.
+#
+# First, the output must not change:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+prompts = ["def fibonacci(n):", "import os\n\n\ndef read(path):"]
+single = [
+    r.output_ids for r in Engine("tiny-target").generate(prompts, SamplingParams(max_new_tokens=8, ignore_eos=True))
+]
+tp_out = tensor.tp_generate(prompts, world_size=2, max_new_tokens=8)
+print("TP=2 greedy tokens identical to one process, on both ranks:", tp_out[0] == single and tp_out[1] == single)
+try:
+    tensor.check_tp_degree(num_heads=8, num_kv_heads=2, ffn_size=640, world_size=4)
+except ValueError as e:
+    print("TP=4 refused:", str(e)[:150])
+
+# %% [markdown]
+# *Predict:* on this 2-core machine, is a decode step at TP = 2 (one core per rank, 12 all-reduces per step)
+# faster or slower than at TP = 1 (on one core)?
+
+# %%
+my_tp2_over_tp1 = None  # step time ratio
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+tp_times = {
+    p: tensor.tp_step_times(p, batch=4, context=128, repeats=pick(10, 30), threads_per_worker=1) for p in (1, 2)
+}
+for p, t in tp_times.items():
+    print(t)
+ratio = tp_times[2].step.median_s / tp_times[1].step.median_s
+compare_prediction("TP=2 step ÷ TP=1 step on this CPU", my_tp2_over_tp1, measured=ratio)
+print(
+    f"all-reduce: {tp_times[2].allreduce_calls_per_step} calls per step, {tp_times[2].allreduce_share:.0%} of the TP=2 step; "
+    f"the α–β fit predicts {tp_times[2].allreduce_calls_per_step * fits['all_reduce'].predict('all_reduce', tp_times[2].allreduce_bytes_per_step / tp_times[2].allreduce_calls_per_step, 2) * 1e3:.2f} ms of it"
+)
+claim(
+    "TP = 2 speeds up a decode step on this CPU",
+    1 / ratio,
+    at_least=1.0,
+    why_not="each step pays 12 all-reduces of ~100 µs+ between processes, more than half of a step this small "
+    "saves: tensor parallelism needs a link far faster than its compute (NVLink), not two processes on one CPU",
+)
+
+# %% [markdown]
+# On GPUs the same split is what makes a 70B model fast. The model below combines this chapter's α–β formula
+# with the NVLink figures and chapter 01's roofline (each GPU streams its share of the weights at its memory
+# bandwidth): time per token of Llama-3-70B, batch 1, on 8 × H100.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+plan = comm.parallel_plan("llama-3-70b", 8, "nvlink4", gpu="H100 SXM", batch=1, context_len=4096)
+print(comm.format_plan(plan))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fig = comm.plot_plan(plan)
+display(fig)
+over_ib = comm.estimate("llama-3-70b", 8, 1, "ib_ndr", batch=1, context_len=4096, gpu="H100 SXM")
+over_nv = comm.estimate("llama-3-70b", 8, 1, "nvlink4", batch=1, context_len=4096, gpu="H100 SXM")
+print(
+    f"TP=8 over NVLink: {over_nv.latency_s * 1e3:.1f} ms/token ({over_nv.comm_fraction:.0%} communication); "
+    f"over InfiniBand NDR between nodes: {over_ib.latency_s * 1e3:.1f} ms/token ({over_ib.comm_fraction:.0%})"
+)
+
+# %% [markdown]
+# That is why tensor parallelism stays inside a node (8 GPUs on NVLink) and pipeline or replica parallelism
+# spans nodes: an all-reduce per block on every token needs the fastest link there is. The ring model
+# overstates small all-reduces on NCCL, which switches to tree and low-latency protocols for them, so the
+# communication shares above are upper bounds.
+#
+# ## 5 · Sequence parallelism
+#
+# Tensor parallelism splits the matmuls but leaves the norms, residual adds and activations whole on every
+# rank. Sequence parallelism (Korthikanti et al.) splits those along the tokens: the all-reduce after a
+# row-parallel layer becomes a **reduce-scatter** (each rank keeps the sum for its share of tokens), the norm
+# runs on that share, and an **all-gather** rebuilds the full sequence before the next column-parallel layer.
+# A reduce-scatter plus an all-gather move the same bytes as one all-reduce, so the communication stays the
+# same while the elementwise work and activation memory per rank fall by p.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+sp_out = tensor.tp_generate(prompts, world_size=2, max_new_tokens=8, sequence_parallel=True)
+print("TP=2 + sequence parallel: greedy tokens identical to one process:", sp_out[0] == single)
+for sp in (False, True):
+    b = tensor.tp_comm_bytes(256, 6, 128, 2, sequence_parallel=sp)
+    print(f"sequence_parallel={sp!s:<5}: {b}")
+
+# %% [markdown]
+# ## 6 · Pipeline parallelism
+#
+# Pipeline parallelism gives each rank a slice of the layers and passes activations along. One batch
+# alone leaves every stage but one idle at any moment. Split it into m **micro-batches** and the stages
+# overlap (GPipe's fill and drain); the idle share, the **bubble**, is (p − 1)/(m + p − 1). First the ideal
+# schedule, drawn from the formula's assumptions (equal stages, no communication):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fig, axes = plt.subplots(1, 2, figsize=(11, 3), dpi=80)
+for ax, m in zip(axes, (1, 4)):
+    pipeline.plot_timeline(
+        pipeline.gpipe_schedule(4, m), ax=ax, title=f"p=4 stages, m={m}: bubble {pipeline.bubble_fraction(4, m):.2f}"
+    )
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Now for real: tiny-target's 6 layers on 2 processes (3 layers each), prompts split into m micro-batches.
+# The output first:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+pp_prompts = ["def fibonacci(n):", "import os", "class Stack:", "for i in range(10):"]
+pp = pipeline.pipeline_generate("tiny-target", pp_prompts, p=2, m=2, max_new_tokens=6)
+ref = [
+    r.output_ids for r in Engine("tiny-target").generate(pp_prompts, SamplingParams(max_new_tokens=6, ignore_eos=True))
+]
+print("pipeline (p=2, m=2) greedy tokens identical to one process:", pp.tokens == ref)
+
+# %% [markdown]
+# *Predict* the bubble at m = 1, 2, 4 with p = 2.
+
+# %%
+my_bubble_m4 = None
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ms = pick((1, 2, 4), (1, 2, 4, 8))
+bubble_prompts = [f"def function_{i}(x):\n    return x * {i}" for i in range(8)]
+runs = pipeline.measure_bubble("tiny-target", bubble_prompts, p=2, ms=ms, repeats=pick(2, 5))
+print(f"{'m':>3}{'formula':>9}{'wall clock':>12}{'CPU-time replay':>17}{'CPU/wall':>10}")
+import statistics  # noqa: E402
+
+rows = []
+for m in ms:
+    tls = runs[m]
+    wall = statistics.median(t.bubble() for t in tls)
+    replay = statistics.median(t.replayed().bubble() for t in tls)
+    share = statistics.median(t.cpu_share() for t in tls)
+    rows.append((m, pipeline.bubble_fraction(2, m), wall, replay, share))
+    print(f"{m:>3}{rows[-1][1]:>9.3f}{wall:>12.3f}{replay:>17.3f}{share:>10.2f}")
+fig, ax = pipeline.plot_timeline(runs[ms[-1]][0])
+display(fig)
+compare_prediction(f"bubble at m={ms[-1]}", my_bubble_m4, theory=rows[-1][1], measured=rows[-1][2])
+claim(
+    "the measured bubble (CPU-time replay) follows (p − 1)/(m + p − 1) within ±0.10 at every m",
+    max(abs(r[3] - r[1]) for r in rows),
+    at_most=0.10,
+)
+claim(
+    "…and so does the wall-clock bubble",
+    max(abs(r[2] - r[1]) for r in rows),
+    at_most=0.10,
+    why_not="another program took the cores while both stages ran (CPU/wall below 1): the stages' wall time "
+    "stretched, not their work",
+)
+
+# %% [markdown]
+# The "CPU-time replay" re-times the measured schedule with each slot's CPU time instead of its wall time:
+# on a shared 2-core machine, a stage that is descheduled looks busy on the wall clock while it does nothing.
+# The replay removes that and shows what the schedule itself costs.
+#
+# ## 7 · Replicas
+#
+# The simplest split: whole copies, each serving its own requests. No communication at all, and throughput
+# scales with the number of replicas as long as each has its own hardware.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+rep_prompts = [f"def task_{i}(data):" for i in range(pick(8, 32))]
+params = SamplingParams(max_new_tokens=pick(16, 32), ignore_eos=True)
+one = replica.serve_replicas("tiny-target", rep_prompts, n_replicas=1, params=params)
+two = replica.serve_replicas("tiny-target", rep_prompts, n_replicas=2, policy="least_loaded", params=params)
+print(
+    f"1 replica: {one.tokens_per_s:6.0f} tok/s; 2 replicas (one core each): {two.tokens_per_s:6.0f} tok/s "
+    f"= {two.tokens_per_s / one.tokens_per_s:.2f}×"
+)
+claim("2 replicas give the same outputs as one engine", float(two.output_ids == one.output_ids), at_least=1.0)
+claim(
+    "2 replicas serve ≥ 1.5× the throughput of one (each with its own core)",
+    two.tokens_per_s / one.tokens_per_s,
+    at_least=1.5,
+    why_not="the two cores were shared with other programs",
+)
+
+# %% [markdown]
+# ## 8 · Exercises
+#
+# **Exercise 1.** The bubble with p = 4 stages and m = 12 micro-batches?
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from course_lib.exercises import ch07  # noqa: E402
+
+answer = None
+ch07.check_bubble(answer, p=4, m=12)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `answer = (4 - 1) / (12 + 4 - 1)` = 0.2: each stage idles 3 of the 15 slots.
+# </details>
+#
+# **Exercise 2.** With the α–β model and the NVLink 4 figures (`comm.link("nvlink4").alpha`, `.beta`), how
+# many µs does a ring all-reduce of 16 MB over 8 GPUs take?
+
+# %%
+# NBVAL_CHECK_OUTPUT
+answer = None  # µs
+ch07.check_allreduce_us(answer, nbytes=16e6, p=8, link="nvlink4")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# ```python
+# lk = comm.link("nvlink4")
+# answer = (2 * 7 * lk.alpha + 2 * 7 / 8 * 16e6 * lk.beta) * 1e6
+# ```
+# or `comm.collective_time("all_reduce", 16e6, 8, "nvlink4") * 1e6`.
+# </details>
+#
+# **Exercise 3 (re-measure).** Measure the all-reduce of 4 MiB between two processes here
+# (`comm.measure_collectives(2, [4 * 2**20], ["all_reduce"])`), in ms. The check measures again and accepts
+# your number within 35%.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+answer = None  # ms
+ch07.check_allreduce_ms(answer, nbytes=4 * 2**20)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `answer = comm.measure_collectives(2, [4 * 2**20], ["all_reduce"])[0].seconds * 1e3`
+# </details>
+#
+# **Exercise 4 (your machine).** How many times longer does moving a byte between two processes take
+# (β of your all-reduce fit, section 3) than reading it from memory at your measured bandwidth
+# (`peaks.bandwidth`)?
+
+# %%
+# NBVAL_CHECK_OUTPUT
+answer = None  # ×
+ch07.check_link_vs_memory(answer, beta=fits["all_reduce"].beta, bandwidth=peaks.bandwidth)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `answer = fits["all_reduce"].beta * peaks.bandwidth`. The same ratio on a GPU (HBM vs NVLink) is far
+# smaller, which is why tensor parallelism pays there.
+# </details>
+#
+# ## Summary
+#
+# * Split to fit (weights and KV per device) or to go faster; TP and PP both divide memory, and differ in time
+#   and communication.
+# * A collective costs α + bytes·β per step of its algorithm: measured here between processes, predicted for
+#   NVLink, PCIe and InfiniBand from their datasheets.
+# * Tensor parallelism adds an all-reduce to every block of every token: it pays only on a link much faster
+#   than the compute it saves, which is why it lives inside an NVLink node; sequence parallelism splits the
+#   rest of the block at no extra communication.
+# * Pipeline parallelism passes activations once per stage but idles (p − 1)/(m + p − 1) of the time;
+#   micro-batches shrink the bubble, never to zero.
+# * Replicas need no communication at all: the first answer for throughput, once one copy fits.
