@@ -1,0 +1,325 @@
+"""The OpenAI-compatible server and the load generator (chapter 06), against tiny-target on 127.0.0.1."""
+
+import asyncio
+import concurrent.futures
+import json
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
+httpx = pytest.importorskip("httpx")
+
+from course_lib.engine import Engine, SamplingParams  # noqa: E402
+from course_lib.metrics import SLO  # noqa: E402
+from course_lib.serving.loadgen import (  # noqa: E402
+    TimedRequest,
+    measure_engine,
+    run_load,
+    schedule,
+    server_overhead,
+)
+from course_lib.serving.server import render_chat, serve  # noqa: E402
+
+PROMPT = "def fibonacci(n):"
+N = 8  # tokens per request: enough to stream, few enough to stay fast
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine("tiny-target")
+
+
+@pytest.fixture(scope="module")
+def refs(engine):
+    """Greedy outputs of the engine itself, computed before any server owns it."""
+    chat = render_chat([{"role": "user", "content": "Write a loop"}])
+    stop = SamplingParams(max_new_tokens=N, stop=("number",))
+    greedy = SamplingParams(max_new_tokens=N)
+    # on a worker thread, like the server's engine loop (on a loaded CPU torch's OpenMP pool is far slower on
+    # the main thread); the outputs are the same
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        out = pool.submit(engine.generate, [PROMPT, chat], greedy).result()
+        out_stop = pool.submit(engine.generate, [PROMPT], stop).result()[0]
+    return {"text": out[0].text, "chat": out[1].text, "stop": out_stop.text, "stop_reason": out_stop.finish_reason}
+
+
+@pytest.fixture
+def server(engine, refs):
+    with serve(engine, max_queue=8, request_timeout_s=30) as handle:
+        yield handle
+
+
+def sse(lines) -> list:
+    """The data payloads of a server-sent event stream: dicts, and the final "[DONE]"."""
+    out = []
+    for line in lines:
+        if line.startswith("data: "):
+            data = line[6:]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def kv_idle(handle, timeout: float = 10.0) -> bool:
+    """Poll the engine (on its own thread) until nothing is live and no KV byte is held."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy, used = handle.engine_loop.call(lambda e: (e.has_unfinished(), e.backend.bytes_used()))
+        if not busy and used == 0:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def metric_values(handle) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(handle.url + "/metrics").text
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}" if s.labels else "")
+            values[key] = s.value
+    return values
+
+
+def test_completions_match_engine_greedy(server, refs):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        assert c.get("/health").json() == {"status": "ok"}
+        assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["tiny-target"]
+        body = {"model": "tiny-target", "prompt": PROMPT, "max_tokens": N, "temperature": 0}
+        r = c.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["object"] == "text_completion"
+        assert out["choices"][0]["text"] == refs["text"]
+        assert out["choices"][0]["finish_reason"] == "length"
+        assert out["usage"]["completion_tokens"] == N
+        assert out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + N
+
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = sse(r.iter_lines())
+        assert events[-1] == "[DONE]"
+        chunks = [e for e in events[:-1] if e["choices"]]
+        assert len(chunks) == N  # one chunk per generated token
+        assert "".join(e["choices"][0]["text"] for e in chunks) == refs["text"]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert events[-2]["usage"]["completion_tokens"] == N
+
+        # a stop string: streamed pieces and the whole text both end before it, as Engine.generate's text
+        body = {"prompt": PROMPT, "max_tokens": N, "temperature": 0, "stop": "number"}
+        whole = c.post("/v1/completions", json=body).json()["choices"][0]
+        with c.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
+            streamed = "".join(e["choices"][0]["text"] for e in sse(r.iter_lines())[:-1])
+        assert whole["text"] == streamed == refs["stop"]
+        assert whole["finish_reason"] == ("stop" if refs["stop_reason"] in ("stop", "eos") else "length")
+
+        # chat with the documented fallback template
+        chat = {"messages": [{"role": "user", "content": "Write a loop"}], "max_tokens": N, "temperature": 0}
+        out = c.post("/v1/chat/completions", json=chat).json()
+        assert out["object"] == "chat.completion"
+        assert out["choices"][0]["message"] == {"role": "assistant", "content": refs["chat"]}
+    assert kv_idle(server)
+
+
+def test_openai_client(server, refs):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.openai_base_url, api_key="unused", max_retries=0, timeout=60)
+    out = client.completions.create(model="tiny-target", prompt=PROMPT, max_tokens=N, temperature=0)
+    assert out.choices[0].text == refs["text"]
+    assert out.usage.completion_tokens == N
+    stream = client.completions.create(model="tiny-target", prompt=PROMPT, max_tokens=N, temperature=0, stream=True)
+    assert "".join(chunk.choices[0].text for chunk in stream) == refs["text"]
+    chat = client.chat.completions.create(
+        model="tiny-target", messages=[{"role": "user", "content": "Write a loop"}], max_tokens=N, temperature=0,
+        stream=True,
+    )  # fmt: skip
+    assert "".join(ch.choices[0].delta.content or "" for ch in chat) == refs["chat"]
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=N)
+    client.close()
+
+
+@pytest.mark.parametrize(
+    "body, status, words",
+    [
+        ("{not json", 400, "not valid JSON"),
+        ({}, 400, "prompt"),
+        ({"prompt": 3}, 400, "prompt"),
+        ({"prompt": ["a", "b"]}, 400, "prompt"),
+        ({"prompt": PROMPT, "max_tokens": 0}, 400, "max_tokens"),
+        ({"prompt": PROMPT, "temperature": -1}, 400, "temperature"),
+        ({"prompt": PROMPT, "top_p": 0}, 400, "top_p"),
+        ({"prompt": PROMPT, "n": 2}, 400, "n=2"),
+        ({"prompt": PROMPT, "model": "gpt-4"}, 404, "gpt-4"),
+        ({"prompt": [5] * 1020, "max_tokens": 16}, 400, "context window"),
+        ({"prompt": [10**9]}, 400, "token ids"),
+    ],
+)
+def test_malformed_bodies_are_4xx(server, body, status, words):
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        if isinstance(body, str):
+            r = c.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+        else:
+            r = c.post("/v1/completions", json=body)
+            if status == 400 and "prompt" in body:  # the same refusal when streaming: before any event
+                assert c.post("/v1/completions", json=body | {"stream": True}).status_code == status
+        assert r.status_code == status, r.text
+        assert words in r.json()["error"]["message"]
+        assert c.post("/v1/chat/completions", json={"messages": []}).status_code == 400
+        assert c.get("/health").status_code == 200
+    assert metric_values(server)["course_requests_in_server"] == 0
+
+
+def test_burst_above_the_queue_gets_429_and_every_request_is_accounted(engine, refs):
+    n_burst, max_queue = 12, 3
+
+    async def burst(url):
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            body = {"prompt": PROMPT, "max_tokens": N, "temperature": 0, "ignore_eos": True}
+            return await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(n_burst)))
+
+    with serve(engine, max_queue=max_queue) as h:
+        replies = asyncio.run(burst(h.url))
+        ok = [r for r in replies if r.status_code == 200]
+        rejected = [r for r in replies if r.status_code == 429]
+        assert len(ok) + len(rejected) == n_burst, [r.status_code for r in replies]  # nothing lost, nothing else
+        assert 1 <= len(ok) and len(rejected) >= 1
+        assert all(r.json()["choices"][0]["text"] == refs["text"] for r in ok)
+        assert all("max_queue=3" in r.json()["error"]["message"] for r in rejected)
+        m = metric_values(h)
+        assert m["course_requests_total{finish_reason=rejected}"] == len(rejected)
+        assert m["course_requests_total{finish_reason=length}"] == len(ok)
+        assert kv_idle(h)
+
+
+def test_client_disconnect_aborts_and_frees_kv(server, refs):
+    body = {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            lines, seen = r.iter_lines(), 0  # keep the iterator: dropping it would close the connection
+            for line in lines:
+                seen += line.startswith("data: ")
+                if seen == 3:
+                    break
+            live = metric_values(server)
+            assert live["course_requests_running"] == 1 and live["course_kv_cache_bytes_used"] > 0
+        # leaving the block closed the connection mid-stream
+        assert kv_idle(server)
+        # a non-streaming client that gives up (read timeout) is aborted too
+        with pytest.raises(httpx.ReadTimeout):
+            c.post("/v1/completions", json=body | {"stream": False}, timeout=httpx.Timeout(60, read=0.5))
+        assert kv_idle(server)
+        m = metric_values(server)
+        assert m["course_requests_total{finish_reason=abort}"] == 2
+        assert m["course_generation_tokens_total"] < 2 * 400
+        r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": N, "temperature": 0})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == refs["text"]
+
+
+def test_timeout_aborts_the_request(engine):
+    body = {"prompt": PROMPT, "max_tokens": 500, "temperature": 0, "ignore_eos": True}
+    with serve(engine, request_timeout_s=0.5) as h, httpx.Client(base_url=h.url, timeout=60) as c:
+        r = c.post("/v1/completions", json=body)
+        assert r.status_code == 504 and "timed out" in r.json()["error"]["message"]
+        with c.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
+            if r.status_code == 200:  # timed out after the headers: an error event, then [DONE]
+                events = sse(r.iter_lines())
+                assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 504
+            else:  # timed out before the engine had even queued it
+                r.read()
+                assert r.status_code == 504
+        assert kv_idle(h)
+        assert metric_values(h)["course_requests_total{finish_reason=timeout}"] == 2
+
+
+def test_engine_error_fails_the_request_not_the_loop(engine, refs, monkeypatch):
+    calls = {"n": 0}
+    real_step = engine.step
+
+    def flaky_step():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected failure")
+        return real_step()
+
+    with serve(engine) as h, httpx.Client(base_url=h.url, timeout=60) as c:
+        monkeypatch.setattr(engine, "step", flaky_step)
+        r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": N, "temperature": 0})
+        assert r.status_code == 500 and "injected failure" in r.json()["error"]["message"]
+        assert kv_idle(h)
+        r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": N, "temperature": 0})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == refs["text"]
+        assert c.get("/health").status_code == 200
+        assert h.engine_loop.step_errors == 1
+        assert metric_values(h)["course_requests_total{finish_reason=error}"] == 1
+
+
+def test_metrics_after_requests(server):
+    n = 3
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        for i in range(n):
+            body = {"prompt": PROMPT, "max_tokens": N, "temperature": 0, "ignore_eos": True, "stream": i % 2 == 1}
+            assert c.post("/v1/completions", json=body).status_code == 200
+    m = metric_values(server)
+    assert m["course_time_to_first_token_seconds_count"] == n
+    assert 0 < m["course_time_to_first_token_seconds_sum"] / n < 30
+    assert m["course_time_per_output_token_seconds_count"] == n
+    assert 0 < m["course_time_per_output_token_seconds_sum"] / n < 5
+    assert m["course_e2e_request_latency_seconds_count"] == n
+    assert m["course_requests_total{finish_reason=length}"] == n
+    assert m["course_generation_tokens_total"] == n * N
+    assert m["course_prompt_tokens_total"] > 0
+    for gauge in ("requests_waiting", "requests_running", "requests_in_server", "kv_cache_bytes_used"):
+        assert m[f"course_{gauge}"] == 0, gauge
+    assert m["course_kv_cache_bytes_reserved"] == 0
+
+
+def test_clean_stop_and_engine_ownership(engine):
+    before = {t.ident for t in threading.enumerate()}
+    h = serve(engine)
+    with pytest.raises(RuntimeError, match="already driven"):
+        serve(engine)  # one engine, one loop thread
+    body = {"prompt": PROMPT, "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=h.url, timeout=60) as c, c.stream("POST", "/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        next(lines)
+        h.stop()  # with a stream still open: it ends with a 503 error event
+        events = sse(lines)
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 503
+    assert not h.running and not h.engine_loop.alive
+    assert {t.ident for t in threading.enumerate()} == before
+    assert not engine.has_unfinished() and engine.backend.bytes_used() == 0
+    with serve(engine) as again:  # the engine is free to serve again
+        assert httpx.get(again.url + "/health").status_code == 200
+    assert {t.ident for t in threading.enumerate()} == before
+
+
+def test_loadgen_against_server_and_in_process(engine, refs):
+    timed = schedule([(PROMPT, N)] * 3 + [(tuple(engine.tokenizer(PROMPT)["input_ids"]), N)], rate=50.0, seed=1)
+    assert [t.arrival_s for t in timed] == sorted(t.arrival_s for t in timed) and timed[0].arrival_s == 0
+    slo = SLO(ttft_s=60.0, tpot_s=10.0)
+    base = measure_engine(engine, timed, slo=slo, ignore_eos=False)
+    with serve(engine) as h:
+        res = run_load(h.url, timed, slo=slo, ignore_eos=False)
+        rejected = run_load(h.url, [TimedRequest(0.0, PROMPT, 2000)])  # past the context window: an error
+    for result in (base, res):
+        assert result.n_ok == 4 and result.errors == {}
+        assert [r.text for r in result.results] == [refs["text"]] * 4
+        assert all(len(r.token_times) == N and r.prompt_tokens > 0 for r in result.results)
+        s = result.summary
+        assert s.completed == 4 and s.slo_attainment == 1.0 and s.goodput_rps > 0
+        assert 0 < result.p("ttft", 50) <= result.p("ttft", 99) and result.p("tpot") > 0 and result.p("itl", 90) > 0
+        assert result.requests_per_s > 0 and result.output_tokens_per_s > 0
+        assert "req/s" in result.table()
+    assert rejected.n_ok == 0 and rejected.errors == {400: 1} and "context window" in rejected.results[0].error
+    overhead = server_overhead(res, base)
+    assert overhead.server_s > 0 and overhead.engine_s > 0 and "TPOT" in str(overhead)
+    with pytest.raises(ValueError):
+        schedule([(PROMPT, N)], rate=0)
