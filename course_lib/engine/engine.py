@@ -76,15 +76,29 @@ class Engine:
         linear: str = "auto",
         kv_cache: str = "contiguous",
         block_size: int = 16,
+        prefix_caching: bool = False,
     ) -> None:
         """``linear``: "reference" (``F.linear`` everywhere), "skinny" (``layers.SkinnyLinear``: decode-shaped
         products routed to the fastest CPU kernel) or "auto" (skinny for fp32 on a CPU, else reference).
         ``kv_cache``: "contiguous" (one max-length slab per sequence) or "paged" (``PagedBackend``: blocks of
-        ``block_size`` tokens from a shared pool, chapter 05); ignored when ``backend`` is given."""
+        ``block_size`` tokens from a shared pool, chapter 05); ignored when ``backend`` is given.
+        ``prefix_caching``: reuse the cached KV blocks of a matching prompt prefix (chapter 06); needs
+        ``kv_cache="paged"``, or a ``backend`` built with ``PagedBackend(..., prefix_caching=True)``."""
         if linear not in LINEAR_CHOICES:
             raise ValueError(f"linear must be one of {LINEAR_CHOICES}, got {linear!r}")
         if kv_cache not in KV_CACHE_CHOICES:
             raise ValueError(f"kv_cache must be one of {KV_CACHE_CHOICES}, got {kv_cache!r}")
+        if not isinstance(prefix_caching, bool):
+            raise ValueError(f"prefix_caching must be a bool, got {prefix_caching!r}")
+        if prefix_caching and backend is None and kv_cache != "paged":
+            raise ValueError(
+                f"prefix_caching=True needs kv_cache='paged' (blocks that sequences can share), got kv_cache={kv_cache!r}"
+            )
+        if prefix_caching and backend is not None and not getattr(backend, "prefix_caching", False):
+            raise ValueError(
+                f"prefix_caching=True needs a backend that caches prefixes, e.g. PagedBackend(..., "
+                f"prefix_caching=True); {type(backend).__name__} given does not"
+            )
         if config is not None and not isinstance(config, SchedulerConfig):
             raise ValueError(f"config must be a SchedulerConfig, got {type(config).__name__}")
         if isinstance(model, (str, Path)):
@@ -114,7 +128,8 @@ class Engine:
         if backend is None and kv_cache == "paged":
             from course_lib.engine.attention.paged import PagedBackend
 
-            backend = PagedBackend.for_model(m, config, block_size)  # max_kv_tokens (or seqs × len) in blocks
+            # max_kv_tokens (or seqs × len) in blocks
+            backend = PagedBackend.for_model(m, config, block_size, prefix_caching=prefix_caching)
         if backend is None:
             # the contiguous cache reserves max_model_len slots per sequence: the KV budget buys whole rows
             rows = config.max_num_seqs
@@ -179,6 +194,12 @@ class Engine:
                     f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs more "
                     f"KV storage than the whole cache holds for one sequence ({kv_limit} tokens)"
                 )
+            kv_budget = self.config.max_kv_tokens
+            if kv_budget is not None and self.backend.stores_kv and len(p) + max_new_tokens > kv_budget:
+                raise ValueError(
+                    f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs more "
+                    f"KV storage than SchedulerConfig.max_kv_tokens={kv_budget} allows for all sequences together"
+                )
             if (
                 not (self.config.chunked_prefill and self.backend.stores_kv)
                 and len(p) + max_new_tokens > self.config.max_num_batched_tokens
@@ -241,8 +262,11 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> list[TokenEvent]:
         """schedule → one forward over the scheduled tokens → sample → postprocess. [] when idle."""
-        batch = self.scheduler.schedule()
+        batch = self.scheduler.schedule()  # now=None: the scheduler reads time.perf_counter(), the engine's clock
         if not batch.seqs:
+            hold = self.scheduler.wait_time()  # dynamic batching holds the waiting requests for a fuller batch
+            if 0 < hold < math.inf:
+                time.sleep(min(hold, self.config.max_wait_s))  # instead of spinning until the deadline
             return []
         done = [seq.num_cached_tokens + n == seq.num_tokens for seq, n in zip(batch.seqs, batch.num_tokens)]
         logits = self.execute(batch, done)  # (M, V): one row per sequence whose prompt is now complete

@@ -5,38 +5,61 @@ Running sequences come first: one token each if decoding, the rest of their prom
 prefill is under way. Then waiting requests are admitted while the budgets and the KV storage allow:
 - ``static`` (request-level batching): admit only when nothing runs, so a batch runs until its last
   request ends and newcomers wait for all of it;
+- ``dynamic`` (dynamic batching, as in Triton Inference Server / TF Serving): like static, but an empty
+  engine starts a batch only once ``max_num_seqs`` requests wait or the oldest has waited ``max_wait_s``
+  (a fuller batch for a bounded extra delay);
 - ``continuous`` (iteration-level batching, Orca/vLLM): admit at every step, into the slots freed by
   finished requests.
 A prompt larger than the budget left is cut into chunks (``chunked_prefill``), so one step can hold a
 prefill chunk and many decode tokens together. If a running sequence cannot get KV room, the newest
-running sequence is preempted (its KV is freed; it will be recomputed). Chapter 06 grows the policies.
-Introduced in 02_metrics_1_latency.ipynb.
+running sequence is preempted (``preemption``): "recompute" frees its KV and recomputes its tokens when
+it is re-admitted; "swap" copies its KV to host memory (``backend.swap_out``) and back when re-admitted
+(``backend.swap_in``), trading PCIe bytes for recomputed FLOPs. With a backend that has
+``prefix_caching`` (``PagedBackend(prefix_caching=True)``), a request starts on the cached blocks of its
+longest matching prefix (``backend.allocate_prefix``) and processes only the rest.
+
+Driving it without a model (``course_lib.serving.simulator``): ``add(seq)``, then per step
+``batch = schedule(now)`` with the simulated clock (``now=None`` reads ``time.perf_counter()``, the
+engine's clock; ``seq.arrival`` must be on the same clock), then do the engine's postprocess:
+``seq.num_cached_tokens += n`` for each (seq, n), append a token id to every sequence whose prompt is
+complete, and ``finish(seq, reason, now)`` the ones that are done. When ``schedule`` returns an empty
+batch while requests wait, ``wait_time(now)`` says how long dynamic batching holds them (advance the
+clock to ``min(next arrival, now + wait_time(now))``).
+Introduced in 02_metrics_1_latency.ipynb; chapter 06 (batching and serving) adds dynamic batching,
+swapping and prefix caching.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from course_lib.engine.sequence import Sequence, SequenceStatus
 
-POLICIES = ("static", "continuous")
+POLICIES = ("static", "continuous", "dynamic")
+PREEMPTION_MODES = ("recompute", "swap")
 
 
 @dataclass
 class SchedulerConfig:
     """Budgets of one step and of the KV cache. ``None`` fields take the model's values in ``Engine``."""
 
-    policy: str = "continuous"
+    policy: str = "continuous"  # "static", "continuous" or "dynamic"
     max_num_seqs: int = 64  # sequences in one step (= rows of the contiguous cache)
     max_num_batched_tokens: int = 2048  # new tokens in one step, prefill and decode together
     max_model_len: int | None = None  # prompt + output tokens of one request; default: the model's context
     chunked_prefill: bool = True  # split prompts larger than the token budget left in a step
     max_kv_tokens: int | None = None  # KV budget in tokens over all sequences; default: max_num_seqs × max_model_len
+    max_wait_s: float = 0.05  # dynamic: the longest the oldest waiting request is held for a fuller batch
+    preemption: str = "recompute"  # "recompute" (free the KV) or "swap" (copy it to host memory and back)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"SchedulerConfig.policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.preemption not in PREEMPTION_MODES:
+            raise ValueError(f"SchedulerConfig.preemption must be one of {PREEMPTION_MODES}, got {self.preemption!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -51,6 +74,9 @@ class SchedulerConfig:
             )
         if not isinstance(self.chunked_prefill, bool):
             raise ValueError(f"SchedulerConfig.chunked_prefill must be a bool, got {self.chunked_prefill!r}")
+        w = self.max_wait_s
+        if not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w) or w < 0:
+            raise ValueError(f"SchedulerConfig.max_wait_s must be a finite number of seconds >= 0, got {w!r}")
 
 
 @dataclass
@@ -72,6 +98,15 @@ class Scheduler:
     """Queues of sequences and the policy that fills each step; KV storage through ``backend``."""
 
     def __init__(self, config: SchedulerConfig, backend) -> None:
+        if not isinstance(config, SchedulerConfig):
+            raise ValueError(f"config must be a SchedulerConfig, got {type(config).__name__}")
+        if config.preemption == "swap" and not (
+            callable(getattr(backend, "swap_out", None)) and callable(getattr(backend, "swap_in", None))
+        ):
+            raise ValueError(
+                f"SchedulerConfig.preemption='swap' needs a backend with swap_out/swap_in (PagedBackend, "
+                f"Engine(kv_cache='paged')), got {type(backend).__name__}; use preemption='recompute'"
+            )
         self.config = config
         self.backend = backend
         self.waiting: deque[Sequence] = deque()
@@ -83,11 +118,37 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> ScheduledBatch:
+    @property
+    def _prefix_caching(self) -> bool:
+        return self.backend.stores_kv and getattr(self.backend, "prefix_caching", False)
+
+    def wait_time(self, now: float | None = None) -> float:
+        """Seconds the policy still holds the waiting requests back (0: it would admit them now, KV room
+        permitting; ``math.inf``: nothing waits, or a static/dynamic batch must finish first)."""
+        if not self.waiting:
+            return math.inf
+        cfg = self.config
+        if cfg.policy == "continuous":
+            return 0.0
+        if self.running:
+            return math.inf
+        if cfg.policy == "static" or len(self.waiting) >= cfg.max_num_seqs:
+            return 0.0
+        now = time.perf_counter() if now is None else now
+        oldest = min(s.arrival for s in self.waiting)
+        return max(0.0, oldest + cfg.max_wait_s - now)
+
+    def schedule(self, now: float | None = None) -> ScheduledBatch:
+        """The next step's batch. ``now``: the clock dynamic batching compares arrivals with (default
+        ``time.perf_counter()``)."""
         cfg, kv = self.config, self.backend
         batch = ScheduledBatch()
         budget = cfg.max_num_batched_tokens
         chunking = cfg.chunked_prefill and kv.stores_kv  # without a cache there is nothing to continue from
+        prefix = self._prefix_caching
+        if prefix:  # name the blocks the last step filled, so requests admitted now can reuse them
+            for seq in self.running:
+                kv.cache_prefix(seq.kv, seq.token_ids, seq.num_cached_tokens)
         # 1. running sequences: a decode token each, or the next chunk of an unfinished prefill
         for seq in list(self.running):
             if seq.status is not SequenceStatus.RUNNING:
@@ -107,20 +168,35 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_tokens.append(n)
             budget -= n
-        # 2. admit waiting requests (static: only into an empty engine)
-        if cfg.policy == "static" and self.running:
+        # 2. admit waiting requests (static, dynamic: only into an empty engine, dynamic only once it is worth it)
+        if self.wait_time(now) > 0:
             return batch
         while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             seq = self.waiting[0]
-            n = seq.num_pending_tokens
+            swapped = seq.status is SequenceStatus.SWAPPED
+            start = seq.num_cached_tokens if swapped else (kv.match_prefix(seq.token_ids) if prefix else 0)
+            n = seq.num_tokens - start
             if n > budget:
                 if not chunking:
                     break
                 n = budget
-            if not kv.can_allocate(n):
+            if swapped:
+                fits = kv.can_swap_in(seq.kv, n)
+            elif prefix:
+                fits = kv.can_allocate_prefix(seq.token_ids, n)
+            else:
+                fits = kv.can_allocate(n)
+            if not fits:
                 break
             self.waiting.popleft()
-            seq.kv = kv.allocate()
+            if swapped:
+                host = seq.kv
+                seq.kv = kv.swap_in(host)
+                seq.swapped_bytes += host.num_bytes
+            elif prefix:
+                seq.kv, seq.num_cached_tokens = kv.allocate_prefix(seq.token_ids)
+            else:
+                seq.kv = kv.allocate()
             kv.append(seq.kv, n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -130,14 +206,24 @@ class Scheduler:
         return batch
 
     def _preempt_newest(self, exclude: list[Sequence]) -> Sequence | None:
-        """Free the KV of the most recently admitted running sequence not already in this step; it goes
-        back to the front of the queue and will recompute its tokens (preemption by recompute)."""
+        """Evict the most recently admitted running sequence not already in this step; it goes back to the
+        front of the queue. "recompute": its KV is freed and its tokens recomputed when re-admitted;
+        "swap": its KV is copied to host memory and copied back when re-admitted."""
+        kv = self.backend
         for seq in reversed(self.running):
             if seq.status is SequenceStatus.RUNNING and not any(seq is s for s in exclude):
-                self.backend.free(seq.kv)
-                seq.kv = None
-                seq.num_cached_tokens = 0
-                seq.status = SequenceStatus.PREEMPTED
+                if self._prefix_caching:  # its computed blocks stay cached (evictable) after the free
+                    kv.cache_prefix(seq.kv, seq.token_ids, seq.num_cached_tokens)
+                if self.config.preemption == "swap":
+                    host = kv.swap_out(seq.kv)  # its K/V cover exactly num_cached_tokens: all computed
+                    seq.kv = host
+                    seq.swapped_bytes += host.num_bytes
+                    seq.status = SequenceStatus.SWAPPED
+                else:
+                    kv.free(seq.kv)
+                    seq.kv = None
+                    seq.num_cached_tokens = 0
+                    seq.status = SequenceStatus.PREEMPTED
                 seq.num_preemptions += 1
                 self.running.remove(seq)
                 self.waiting.appendleft(seq)
@@ -145,9 +231,12 @@ class Scheduler:
         return None
 
     def finish(self, seq: Sequence, reason: str, now: float) -> None:
-        """Mark ``seq`` finished, free its KV and drop it from the queues."""
+        """Mark ``seq`` finished, free its KV (a swapped-out host copy is dropped) and drop it from the queues."""
         if seq.kv is not None:
-            self.backend.free(seq.kv)
+            if seq.status is not SequenceStatus.SWAPPED:
+                if self._prefix_caching:
+                    self.backend.cache_prefix(seq.kv, seq.token_ids, seq.num_cached_tokens)
+                self.backend.free(seq.kv)
             seq.kv = None
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -4,7 +4,9 @@ The scheduler moves sequences between queues by ``status``; the attention backen
 values behind ``kv`` (a handle only it understands: a row of the contiguous cache, a block table in
 chapter 05). ``num_cached_tokens`` says how many of ``token_ids`` already have K/V stored, so the next
 forward processes exactly ``num_tokens - num_cached_tokens`` of them: the whole prompt at first (prefill),
-a chunk of it (chunked prefill), one token (decode), or everything again after a preemption.
+a chunk of it (chunked prefill), one token (decode), everything again after a preemption by recompute,
+or what is left after the matched prefix (prefix caching). A sequence preempted by swapping keeps its
+``num_cached_tokens``; its ``kv`` is then the host copy the backend's ``swap_out`` returned.
 Introduced in 02_metrics_1_latency.ipynb; chapters 04-06 read and change it.
 """
 
@@ -23,6 +25,7 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # queued, no KV storage
     RUNNING = "running"  # admitted: has KV storage, is scheduled every step
     PREEMPTED = "preempted"  # evicted for memory; KV freed, back in the queue to be recomputed
+    SWAPPED = "swapped"  # evicted for memory; KV copied to host memory, back in the queue to be copied back
     FINISHED = "finished"  # done (eos, length, stop string, or aborted); KV freed
 
 
@@ -52,6 +55,7 @@ class Sequence:
         self.finish_time: float | None = None
         self.finish_reason: str | None = None  # "eos", "length", "stop" or "abort"
         self.num_preemptions = 0
+        self.swapped_bytes = 0  # KV bytes copied to the host and back by preemptions by swapping
 
     @property
     def num_tokens(self) -> int:

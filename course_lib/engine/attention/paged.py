@@ -16,6 +16,13 @@ each sequence's blocks into a padded contiguous copy (B, Hkv, L, hd) and calls t
 same masks. That copy is the price of paging without a kernel: decode is bandwidth-bound, and the gather
 writes and re-reads every cached byte once more. The Triton paged-decode kernel
 (``course_lib.kernels.paged_decode``) reads the blocks in place instead. Introduced in 05_attention_kv_cache.ipynb.
+
+Chapter 06 adds two things the scheduler uses. Prefix caching (``prefix_caching=True``; vLLM's automatic
+prefix caching): ``allocate_prefix(token_ids)`` starts a sequence on the cached full blocks its tokens
+match, and ``cache_prefix`` names a sequence's computed full blocks (the names live in ``BlockManager``).
+Swapping: ``swap_out(handle)`` copies a sequence's blocks to host memory and frees them, ``swap_in(host)``
+copies them back into fresh blocks; both are bandwidth-bound copies over PCIe on a GPU (on a CPU, one
+more copy in the same memory), counted in ``swapped_bytes``.
 """
 
 from __future__ import annotations
@@ -32,6 +39,16 @@ from course_lib.engine.attention.block_manager import BlockManager, OutOfBlocks,
 DECODE_PATHS = ("auto", "gather", "kernel")
 
 
+@dataclass
+class SwappedKV:
+    """A swapped-out sequence: its blocks' K/V on the host, per layer (num_blocks, bs, Hkv, hd)."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    length: int  # tokens stored
+    num_bytes: int  # bytes copied out (whole blocks, K and V, every layer); the same again to copy back
+
+
 def _positive_int(name: str, value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -42,7 +59,8 @@ class PagedBackend(AttentionBackend):
 
     ``decode``: how one-token rows attend — "gather" (torch: gather the blocks, then SDPA), "kernel"
     (``paged_decode``: Triton on CUDA or under the interpreter, else its torch reference) or "auto"
-    (the kernel on CUDA when Triton is installed and the head size is supported, else "gather")."""
+    (the kernel on CUDA when Triton is installed and the head size is supported, else "gather").
+    ``prefix_caching``: reuse cached full blocks of a matching prompt prefix (``allocate_prefix``)."""
 
     name = "paged"
 
@@ -58,7 +76,10 @@ class PagedBackend(AttentionBackend):
         device: str | torch.device = "cpu",
         use_sdpa: bool = True,
         decode: str = "auto",
+        prefix_caching: bool = False,
     ) -> None:
+        if not isinstance(prefix_caching, bool):
+            raise ValueError(f"prefix_caching must be a bool, got {prefix_caching!r}")
         for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
             _positive_int(name, value)
         if max_len is not None:
@@ -72,6 +93,9 @@ class PagedBackend(AttentionBackend):
         self.dtype, self.device = dtype, torch.device(device)
         self.use_sdpa = use_sdpa
         self.decode = self._resolve_decode(decode)
+        self.prefix_caching = prefix_caching
+        self.swapped_out_bytes = 0  # device → host, over all sequences
+        self.swapped_in_bytes = 0  # host → device
         self.k: list[torch.Tensor] = []  # per layer (capacity, bs, Hkv, hd); grown on demand up to num_blocks
         self.v: list[torch.Tensor] = []
         self._capacity = 0
@@ -193,6 +217,79 @@ class PagedBackend(AttentionBackend):
 
     def free(self, handle) -> None:
         self.blocks.free_seq(self._check(handle))
+
+    # ------------------------------------------------------------ prefix caching
+    @property
+    def prefix_hits(self) -> int:
+        """Prompt tokens found in the cache by ``allocate_prefix`` (their K/V were not computed again)."""
+        return self.blocks.prefix_hits
+
+    @property
+    def prefix_queries(self) -> int:
+        """Tokens looked up by ``allocate_prefix``."""
+        return self.blocks.prefix_queries
+
+    def match_prefix(self, token_ids: list[int]) -> int:
+        """Tokens of ``token_ids`` a new sequence would find cached now (0 without prefix caching)."""
+        return len(self.blocks.match_prefix(token_ids)) * self.block_size if self.prefix_caching else 0
+
+    def can_allocate_prefix(self, token_ids: list[int], num_tokens: int) -> bool:
+        """Could a new sequence start on the cached prefix of ``token_ids`` and store ``num_tokens`` more?"""
+        if not self.prefix_caching:
+            return self.can_allocate(num_tokens)
+        cached = self.match_prefix(token_ids)
+        return cached + num_tokens <= self.max_len and self.blocks.blocks_to_start(token_ids, num_tokens) <= (
+            self.blocks.num_free
+        )
+
+    def allocate_prefix(self, token_ids: list[int]) -> tuple[int, int]:
+        """A new sequence holding the cached blocks of the longest matching prefix of ``token_ids`` (always
+        leaving its last token to compute). Returns (handle, tokens already cached)."""
+        if not self.prefix_caching:
+            return self.allocate(), 0
+        return self.blocks.new_seq_with_prefix(token_ids)
+
+    def cache_prefix(self, handle, token_ids: list[int], num_computed: int) -> None:
+        """Name the full blocks of the first ``num_computed`` tokens (K/V written) so others can reuse them."""
+        if self.prefix_caching:
+            self.blocks.cache_blocks(self._check(handle), token_ids, num_computed)
+
+    # ------------------------------------------------------------ swapping
+    def swap_out(self, handle) -> SwappedKV:
+        """Copy the sequence's blocks to host memory and free them on the device; returns the host copy."""
+        table = self.blocks.tables[self._check(handle)]
+        idx = torch.tensor(table, dtype=torch.long, device=self.device)  # (nb,)
+        host = torch.device("cpu")
+        k = [t.index_select(0, idx).to(host) for t in self.k] if table else []  # per layer (nb, bs, Hkv, hd)
+        v = [t.index_select(0, idx).to(host) for t in self.v] if table else []
+        out = SwappedKV(k, v, self.length(handle), len(table) * self.bytes_per_block)
+        self.free(handle)
+        self.swapped_out_bytes += out.num_bytes
+        return out
+
+    def can_swap_in(self, host: SwappedKV, num_tokens: int = 0) -> bool:
+        """Is there room to swap ``host`` back in and then store ``num_tokens`` more tokens?"""
+        return self.can_allocate(host.length + num_tokens)
+
+    def swap_in(self, host: SwappedKV) -> int:
+        """Copy a swapped-out sequence back into fresh device blocks; returns its new handle. Raises
+        ``OutOfBlocks`` (nothing changed) when the pool is short."""
+        if not isinstance(host, SwappedKV):
+            raise ValueError(f"swap_in takes what swap_out returned (a SwappedKV), got {type(host).__name__}")
+        handle = self.blocks.new_seq()
+        try:
+            self.blocks.append(handle, host.length)
+        except OutOfBlocks:
+            self.blocks.free_seq(handle)
+            raise
+        table = self.blocks.tables[handle]
+        if table:
+            self._ensure_capacity(max(table) + 1)
+            idx = torch.tensor(table, dtype=torch.long, device=self.device)  # (nb,)
+            for t, saved in zip(self.k + self.v, host.k + host.v):
+                t.index_copy_(0, idx, saved.to(self.device))  # (nb, bs, Hkv, hd)
+        self.swapped_in_bytes += host.num_bytes
+        return handle
 
     # ------------------------------------------------------------ compute
     def _tables(self, handles: list[int], num_blocks: int) -> torch.Tensor:
@@ -412,6 +509,7 @@ __all__ = [
     "OutOfBlocks",
     "PagedBackend",
     "Sharing",
+    "SwappedKV",
     "fragmentation",
     "request_mix",
     "sharing",
