@@ -109,3 +109,20 @@ def test_ch07_exercises():
     assert ch07.check_link_vs_memory(1e-9 * 20e9, beta=1e-9, bandwidth=20e9)
     with pytest.raises(ValueError, match="beta"):
         ch07.check_link_vs_memory(1.0, beta=0, bandwidth=1e9)
+
+
+def test_ch06_exercises():
+    from course_lib.exercises import ch06
+
+    assert ch06.static_steps([12, 3, 40, 5, 8, 30, 2, 6], 4) == 40 + 30
+    assert ch06.check_static_steps(70)
+    with pytest.raises(AssertionError):
+        ch06.check_static_steps(sum([12, 3, 40, 5, 8, 30, 2, 6]) // 4)  # what continuous batching needs
+    with pytest.raises(ValueError, match="lengths"):
+        ch06.static_steps([0, 3], 2)
+    assert ch06.check_goodput(2 / 10, [0.5, 2.0, 0.3], [0.01, 0.01, 0.04], duration_s=10)
+    with pytest.raises(AssertionError, match="goodput"):
+        ch06.check_goodput(3 / 10, [0.5, 2.0, 0.3], [0.01, 0.01, 0.04], duration_s=10)
+    assert ch06.check_decode_ceiling(16 * 20e9 / 20e6, bandwidth=20e9, weight_bytes=20e6)
+    with pytest.raises(ValueError, match="weight_bytes"):
+        ch06.check_decode_ceiling(1.0, bandwidth=1e9, weight_bytes=0)
