@@ -208,3 +208,15 @@ def test_prefix_caching_and_swap_if_present():
         small = SchedulerConfig(max_num_seqs=16, max_kv_tokens=1024, max_model_len=512, preemption="swap")
         res = simulate(load_trace("poisson_small").with_rate(100.0), small, COST, kv_cache="paged")
         assert all(t.n_output > 0 for t in res.traces) and res.max_kv_tokens <= 1024
+
+
+def test_roofline_cost_model_is_flat_in_decode_rows():
+    from course_lib.models.accounting import ModelShape, weight_bytes
+    from course_lib.serving.simulator import roofline_cost_model
+
+    cm = roofline_cost_model("llama-3-8b", "H100 SXM", "bf16")
+    assert cm.c == 0 and cm.a == pytest.approx(weight_bytes(ModelShape.from_name("llama-3-8b"), "bf16") / 3.35e12, rel=0.05)
+    assert cm.step_time(0, 64) == cm.step_time(0, 1)  # a decode step streams the weights once, whatever the batch
+    assert cm.step_time(2048, 0) > cm.step_time(0, 1)
+    with pytest.raises(ValueError):
+        roofline_cost_model("llama-9")

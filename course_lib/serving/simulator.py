@@ -52,6 +52,28 @@ class StepShape:
         return (1.0, float(self.prefill_tokens), float(self.decode_rows), float(self.decode_context))
 
 
+def roofline_cost_model(model: str = "llama-3-8b", gpu: str = "H100 SXM", dtype: str = "bf16") -> CostModel:
+    """A GPU-shaped cost model from datasheet roofs (no measurement), to ask what a policy does on a real
+    serving GPU: a = weight bytes / bandwidth (a decode step streams every weight once, whatever its batch),
+    b = 2·matmul params / peak FLOP/s per prefill token (prefill is compute-bound), c = 0, and d = KV bytes per
+    token / bandwidth (each decode row reads its own context). Lower bounds: real kernels reach 50-80%."""
+    from course_lib.hardware import gpu_spec
+    from course_lib.models.accounting import ModelShape, kv_bytes_per_token, matmul_params, weight_bytes
+
+    shape, spec = ModelShape.from_name(model), gpu_spec(gpu)
+    bw, flops = spec.bandwidth, spec.peak_flops(dtype)
+    return CostModel(
+        a=weight_bytes(shape, dtype) / bw,
+        b=2 * matmul_params(shape) / flops,
+        c=0.0,
+        d=kv_bytes_per_token(shape, dtype) / bw,
+        meta={
+            "source": f"roofline of {model} on {gpu} ({dtype}), datasheet peaks",
+            "max_model_len": shape.max_position,
+        },
+    )
+
+
 def step_shape(batch: ScheduledBatch) -> StepShape:
     """The shape of a batch just returned by ``Scheduler.schedule`` (before the step updates the sequences)."""
     prefill = rows = context = 0
@@ -375,6 +397,7 @@ class RunResult:
     max_step_seqs: int = 0  # the most sequences any step held (≤ max_num_seqs)
     max_kv_tokens: int = 0  # the most KV tokens reserved at once
     kv_capacity_tokens: int = 0  # what the cache could hold
+    engine: object = None  # run_real: the Engine it built (its backend's counters, e.g. prefix hits)
 
     @property
     def throughput(self) -> float:
@@ -495,7 +518,7 @@ def simulate(
             wake = [t for t in wake if math.isfinite(t)]
             wake = [t for t in wake if t > now]
             stalls += 1
-            if not wake or stalls > 3:
+            if not wake or stalls > 10_000:  # dynamic batching may wait through many arrivals
                 raise RuntimeError(
                     f"the scheduler made no progress at t={now:.4f} s with {len(scheduler.waiting)} waiting and "
                     f"{len(scheduler.running)} running requests (does a request fit the KV budget?)"
@@ -599,6 +622,7 @@ def run_real(
         max_seqs,
         max_kv,
         _kv_capacity(eng.backend),
+        eng,
     )
 
 
