@@ -659,7 +659,7 @@ for m_name, gpu_name, b_cap, ctx_cap in (
 # %% [markdown]
 # Batching pushes decode toward the ridge, but the KV cache it brings can run out of memory first: the
 # batch a GPU can *hold* may be smaller than the batch it needs to become compute-bound. Chapter 05 shrinks
-# the cache (GQA, paging, quantized KV; chapter 05, in preparation); chapter 07 splits the model over
+# the cache (GQA, paging, quantized KV; chapter 05); chapter 07 splits the model over
 # several GPUs.
 #
 # Why not keep the KV cache in the fast on-chip cache, as a CPU keeps a small working set? Compare the
@@ -704,7 +704,7 @@ if llc:
 #
 # Decode time ≈ bytes per step ÷ bandwidth. There are two ways to shrink it without changing the model.
 # Split the bytes over several chips (tensor parallelism, chapter 07: each chip streams 1/n of the
-# weights and KV cache, and pays for communication, ignored here; chapter 07, in preparation). Or buy a chip with faster memory: the
+# weights and KV cache, and pays for communication, ignored here; chapter 07). Or buy a chip with faster memory: the
 # H200 has the H100's compute with 4.8 instead of 3.35 TB/s. *Predict:* how many H100s match one H200?
 
 # %%
@@ -716,7 +716,7 @@ for row in roofline.decode_time_options(
 
 # %% [markdown]
 # Bandwidth scales both ways. More chips also add memory capacity, which a faster chip alone does not,
-# but they cost communication at every layer, which chapter 07 (in preparation) will measure.
+# but they cost communication at every layer, which chapter 07 will measure.
 #
 # ### Weights must live next to the compute: the host→device link
 #

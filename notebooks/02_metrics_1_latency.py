@@ -486,7 +486,7 @@ else:
 # arrives while another request is decoding. Each engine step has a **token budget**
 # (`SchedulerConfig.max_num_batched_tokens`). A big budget prefills the whole newcomer in one step: its
 # TTFT is short, but the request already streaming waits through that whole prefill for its next token.
-# A small budget cuts the prompt into chunks (*chunked prefill*, chapter 06, in preparation) and mixes one chunk into
+# A small budget cuts the prompt into chunks (*chunked prefill*, chapter 06) and mixes one chunk into
 # each decode step. The streaming request keeps its pace, and the newcomer's TTFT grows with the number
 # of chunks.
 #
@@ -537,7 +537,7 @@ tradeoff = claim(
 # is streaming pays it. With a small one, the newcomer pays a fixed per-step cost once per chunk, which
 # is why its TTFT grows faster than its share of the FLOPs. Serving systems choose the budget from
 # their SLOs: an interactive chat product protects TPOT, a system that answers short questions protects
-# TTFT. Chapter 06 (in preparation) builds continuous batching and chunked prefill on this knob; disaggregated serving
+# TTFT. Chapter 06 builds continuous batching and chunked prefill on this knob; disaggregated serving
 # removes the trade-off by running prefill and decode on different machines.
 #
 # ## 6 · Time to publish: when the first tokens are not shown
@@ -572,7 +572,7 @@ publish_ratio = claim(
 # *Explain.* The hidden draft costs whole decode steps, so for agents TPOT, not TTFT, dominates the time
 # to publish, and the longer the hidden work, the less the first call's TTFT matters. The second call also
 # prefills the draft again here. A real agent framework keeps the KV cache of the shared prefix
-# (*prefix caching*, chapter 06, in preparation) and pays only for the new tokens.
+# (*prefix caching*, chapter 06) and pays only for the new tokens.
 #
 # ## 7 · The same text, a different number of tokens
 #

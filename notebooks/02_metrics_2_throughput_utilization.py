@@ -416,7 +416,7 @@ print(
 # burst shows the middle ground that real online servers live in: requests that arrive together wait
 # for each other, and then batching them shortens the tail a lot (and the median too, once the batch
 # is more than twice as fast as one-at-a-time service) — the idea behind the continuous batching of
-# chapter 06 (in preparation).
+# chapter 06.
 #
 # ## 5 · "GPU utilization" is not MFU
 #

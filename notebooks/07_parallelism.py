@@ -166,7 +166,7 @@ my_allreduce_1mb_ms = None
 # %%
 # NBVAL_IGNORE_OUTPUT
 sizes = pick([2**k for k in range(4, 25, 4)], [2**k for k in range(2, 27, 2)])
-timings = comm.measure_collectives(2, sizes, ["all_reduce", "all_gather"], repeats=pick(3, 5))
+timings = comm.measure_collectives(2, sizes, ["all_reduce", "all_gather"], repeats=pick(5, 7))
 fits = {f.timings[0].op: f for f in comm.fit_by_op(timings).values()}  # by op name
 for op, fit in fits.items():
     print(f"{op}: α = {fit.alpha * 1e6:.0f} µs, β → {fit.gbps:.2f} GB/s, worst error {fit.worst_error:.0%}")
@@ -180,11 +180,15 @@ compare_prediction(
     theory=fits["all_reduce"].predict("all_reduce", 2**20, 2) * 1e3,
     measured=None if mb is None else mb * 1e3,
 )
+ar = fits["all_reduce"]
+worst = max(zip(ar.errors(), ar.timings), key=lambda e: abs(e[0]))[1]
 claim(
     "the α–β model fits every measured all-reduce within ±30%",
-    fits["all_reduce"].worst_error,
+    ar.worst_error,
     at_most=0.30,
-    why_not="a shared machine: a run slowed by another program cannot be fitted",
+    why_not=f"the {worst.nbytes:,}-byte all-reduce took {worst.seconds * 1e3:.2f} ms against "
+    f"{ar.predict('all_reduce', worst.nbytes, 2) * 1e3:.2f} ms predicted: three processes (this kernel and two "
+    "workers) share two cores, and one descheduled worker stalls the collective for both",
 )
 _ = record(ch, "gloo_allreduce_gbps", fits["all_reduce"].gbps, "GB/s")
 
@@ -402,7 +406,8 @@ claim(
     "2 replicas serve ≥ 1.5× the throughput of one (each with its own core)",
     two.tokens_per_s / one.tokens_per_s,
     at_least=1.5,
-    why_not="the two cores were shared with other programs",
+    why_not=f"the replicas finished after {' and '.join(f'{t * 1e3:.0f}' for t in two.replica_s)} ms (the slower one "
+    "sets the group's time), and the two worker processes share the cores with this notebook's own process",
 )
 
 # %% [markdown]
