@@ -215,7 +215,9 @@ def test_roofline_cost_model_is_flat_in_decode_rows():
     from course_lib.serving.simulator import roofline_cost_model
 
     cm = roofline_cost_model("llama-3-8b", "H100 SXM", "bf16")
-    assert cm.c == 0 and cm.a == pytest.approx(weight_bytes(ModelShape.from_name("llama-3-8b"), "bf16") / 3.35e12, rel=0.05)
+    assert cm.c == 0 and cm.a == pytest.approx(
+        weight_bytes(ModelShape.from_name("llama-3-8b"), "bf16") / 3.35e12, rel=0.05
+    )
     assert cm.step_time(0, 64) == cm.step_time(0, 1)  # a decode step streams the weights once, whatever the batch
     assert cm.step_time(2048, 0) > cm.step_time(0, 1)
     with pytest.raises(ValueError):

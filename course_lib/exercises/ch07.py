@@ -25,7 +25,8 @@ def check_bubble(answer, p: int = 4, m: int = 12) -> Verdict:
 
 def check_allreduce_us(answer, nbytes: float = 16e6, p: int = 8, link: str = "nvlink4") -> Verdict:
     """Exercise 2: a ring all-reduce of ``nbytes`` over ``p`` GPUs on ``link``, in µs (the α–β model)."""
-    from course_lib.parallel.comm import collective_time, link as get_link
+    from course_lib.parallel.comm import collective_time
+    from course_lib.parallel.comm import link as get_link
 
     lk = get_link(link)
     return check(
