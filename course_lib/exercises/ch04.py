@@ -61,7 +61,7 @@ def check_ridge_batch(answer, ridge: float, gamma: int = 4) -> Verdict:
         raise ValueError(f"answer must be an int (a batch size), got {answer!r}")
     expected = math.floor(2 * ridge / (gamma + 1))
     return check(
-        f"largest batch below the ridge at γ={gamma} (ridge {ridge:.1f} FLOP/B)",
+        f"largest batch below your ridge point at γ={gamma}",
         answer,
         expected,
         rtol=0.0,
