@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import math
-import time
 import tokenize
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,15 +43,13 @@ FREE_PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", 
 
 
 def best_of(fn: Callable[[], object], repeats: int) -> float:
-    """The smallest wall time of ``repeats`` calls of ``fn`` (the least disturbed run), in seconds."""
+    """The smallest wall time of ``repeats`` calls of ``fn`` (the least disturbed run), in seconds:
+    ``bench.benchmark``'s best sample, without warm-up (the callers warm up themselves)."""
+    from course_lib.bench import benchmark
+
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ValueError(f"repeats must be an int ≥ 1, got {repeats!r}")
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return benchmark(fn, warmup=0, repeats=repeats, label="best of").best_s
 
 
 def _ids(target, prompts) -> list[list[int]]:

@@ -75,7 +75,7 @@ from course_lib.mode import pick
 from course_lib.report import record
 from course_lib.serving import prompt_pool
 from course_lib.serving.simulator import load_or_calibrate, run_real, simulate
-from course_lib.serving.traces import Trace, load_trace
+from course_lib.serving.traces import Trace, load_trace, poisson_arrivals
 
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
@@ -428,7 +428,7 @@ from course_lib.serving import disagg  # noqa: E402
 from course_lib.serving.workload import Request  # noqa: E402
 
 reqs = [Request(tuple(pool[i * 50 : i * 50 + 40 + 10 * i]), 16) for i in range(pick(4, 12))]
-arrivals = disagg.poisson_arrivals(len(reqs), rate=4.0, seed=0)
+arrivals = poisson_arrivals(4.0, len(reqs), seed=0)
 colo = disagg.serve_colocated(engine, reqs, arrivals)
 with disagg.DisaggregatedServer("tiny-target") as server:
     split = server.serve(reqs, arrivals)

@@ -22,7 +22,6 @@ from course_lib.serving.disagg import (
     link_gbps,
     max_goodput_per_gpu,
     plot_disagg_sweep,
-    poisson_arrivals,
     serve_colocated,
     simulate_colocated,
     simulate_disaggregated,
@@ -117,8 +116,6 @@ def test_bad_input():
         DisaggregatedServer(threads_per_worker=0)
     with pytest.raises(ValueError, match="arrivals"):
         serve_colocated(None, [Request((1, 2), 2)], [0.0, 1.0])
-    with pytest.raises(ValueError, match="rate"):
-        poisson_arrivals(3, 0)
     with pytest.raises(ValueError, match="prompt_len"):
         SimConfig(prompt_len=0)
     with pytest.raises(ValueError, match="compute_efficiency"):

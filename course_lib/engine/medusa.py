@@ -674,12 +674,10 @@ CODE_PROMPTS = (
 
 
 def _best_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)  # the least-disturbed run: other jobs only ever add time
+    """The least-disturbed of ``repeats`` runs (other jobs only ever add time): ``bench.benchmark``'s best."""
+    from course_lib.bench import benchmark
+
+    return benchmark(fn, warmup=0, repeats=repeats, label="medusa").best_s
 
 
 def _merge_stats(parts: list[SpecStats]) -> SpecStats:

@@ -40,6 +40,7 @@ import torch.multiprocessing as mp
 from course_lib.engine.attention.contiguous import ContiguousBackend
 from course_lib.engine.sampling import SamplingParams
 from course_lib.metrics import SLO, RequestTrace, percentiles
+from course_lib.serving.traces import poisson_arrivals
 from course_lib.serving.workload import Request
 
 # ----------------------------------------------------------------------------- links
@@ -353,16 +354,6 @@ def _check_requests(requests, arrivals) -> tuple[list[Request], list[float]]:
     if any(not math.isfinite(a) or a < 0 for a in arrivals) or any(b < a for a, b in zip(arrivals, arrivals[1:])):
         raise ValueError("arrivals must be finite, non-negative, non-decreasing seconds after the start")
     return requests, arrivals
-
-
-def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
-    """``n`` arrival times (s, from 0) of a Poisson process with ``rate`` requests/s: exponential gaps."""
-    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not math.isfinite(rate) or rate <= 0:
-        raise ValueError(f"rate must be a positive number of requests/s, got {rate!r}")
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
-    return [float(t) for t in np.cumsum(gaps) - gaps[0]]  # the first request at 0
 
 
 def _params(r: Request) -> SamplingParams:
@@ -698,7 +689,7 @@ class SimResult:
 
 
 def _arrivals(cfg: SimConfig, rate: float) -> np.ndarray:
-    return np.asarray(poisson_arrivals(cfg.num_requests, rate, cfg.seed))
+    return poisson_arrivals(rate, cfg.num_requests, cfg.seed)
 
 
 def _decode_gpu(costs: _Costs, ready: list[tuple[float, int]], first: np.ndarray, last: np.ndarray, itl: np.ndarray):
@@ -891,7 +882,6 @@ __all__ = [
     "link_gbps",
     "max_goodput_per_gpu",
     "plot_disagg_sweep",
-    "poisson_arrivals",
     "serve_colocated",
     "simulate_colocated",
     "simulate_disaggregated",

@@ -77,8 +77,10 @@ def schedule(requests, rate: float = math.inf, *, burstiness: float = 1.0, seed:
     if math.isinf(rate):
         times = np.zeros(len(pairs))
     else:
-        gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rate * burstiness), size=len(pairs))
-        times = np.cumsum(gaps) - gaps[0]  # the first request goes at t = 0
+        from course_lib.serving.traces import bursty_arrivals
+
+        # gamma gaps of shape `burstiness` = coefficient of variation 1/√burstiness; the first request at t = 0
+        times = bursty_arrivals(rate, len(pairs), cv=burstiness**-0.5, seed=seed)
     return [TimedRequest(float(t), p, m) for t, (p, m) in zip(times, pairs)]
 
 
