@@ -46,6 +46,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (1 is steadier on a busy CPU)")
     parser.add_argument("--recalibrate", action="store_true")
     parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the engine's device)")
+    parser.add_argument("--dtype", default="fp32", help="the engine's dtype: fp32, fp16 or bf16")
     parser.add_argument("--rate", type=float, default=40.0, help="arrival rate of the continuous-vs-static run")
     parser.add_argument("--slo-ttft", type=float, default=1.0, help="s")
     parser.add_argument("--slo-tpot", type=float, default=0.1, help="s")
@@ -53,11 +55,13 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     slo = SLO(args.slo_ttft, args.slo_tpot)
-    engine = Engine(args.model)
+    engine = Engine(args.model, device=args.device, dtype=args.dtype)
     pool = prompt_pool(engine.tokenizer, 4096)
     t0 = time.perf_counter()
     cost = load_or_calibrate(engine, pool, refresh=args.recalibrate)
-    print(f"torch threads {torch.get_num_threads()}; cost model ({time.perf_counter() - t0:.1f} s):")
+    print(
+        f"device {args.device} ({args.dtype}), torch threads {torch.get_num_threads()}; cost model ({time.perf_counter() - t0:.1f} s):"
+    )
     print(f"  {cost.describe()}")
     n = args.max_num_seqs
 

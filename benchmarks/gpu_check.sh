@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# One pass over every GPU path of the course, for a short loan of a CUDA machine (about 9 minutes).
+#
+#     OUT=/some/dir bash benchmarks/gpu_check.sh [deadline_s]
+#
+# Runs, in order of value, each step under its own time limit and skipped once the deadline is near:
+#   1. the kernel tests with the Triton compiler (TRITON_INTERPRET=0): flash attention, paged decode,
+#      int8/int4 matmul, 2:4 pruning, the intensity kernel, transfers, hardware and model loading on CUDA;
+#   2. the GPU's measured peaks (copy bandwidth, matmul FLOP/s per dtype): chapter 00's roofline;
+#   3. benchmarks/flash_attention_gpu.py and benchmarks/quant_kernels_gpu.py (JSON into $OUT);
+#   4. benchmarks/serving_policies.py --quick on CUDA (continuous vs static batching, sim vs real);
+#   5. benchmarks/engine_vs_hf.py on CUDA (greedy identity and speed);
+#   6. notebooks in full mode, run as scripts (jupytext percent files are plain Python).
+# Every step's output goes to $OUT/<step>.log; a failed step does not stop the next one.
+set -u
+export OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+DEADLINE=${1:-520}
+START=$(date +%s)
+export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 MPLBACKEND=Agg HF_HUB_OFFLINE=1 PYTHONHASHSEED=0
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PY:-python3}
+if [ -d .whl ]; then # wheels carried for what the image lacks (IPython for the notebooks)
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+        export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+
+left() { echo $((DEADLINE - ($(date +%s) - START))); }
+
+step() { # name limit_s command...
+    local name=$1 limit=$2
+    shift 2
+    local budget
+    budget=$(left)
+    if [ "$budget" -lt 20 ]; then
+        echo "== $name: skipped, $budget s left" | tee -a "$OUT/summary.txt"
+        return
+    fi
+    [ "$limit" -gt "$budget" ] && limit=$budget
+    local t0=$(date +%s)
+    timeout -k 5 "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: rc=$rc in $(($(date +%s) - t0)) s (limit $limit s)" | tee -a "$OUT/summary.txt"
+    tail -n 25 "$OUT/$name.log"
+}
+
+{
+    nvidia-smi -L
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv
+    $PY -c "import sys, torch, triton, transformers; print(sys.version); print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__); print(torch.cuda.get_device_name(), torch.cuda.get_device_capability())"
+} >"$OUT/env.log" 2>&1
+cat "$OUT/env.log"
+
+step tests 170 $PY -m pytest -q -p no:cacheprovider -o addopts= --timeout 90 --junitxml="$OUT/tests.xml" \
+    tests/test_flash_attention.py tests/test_paged.py tests/test_quant_matmul.py tests/test_prune.py \
+    tests/test_intensity_kernel.py tests/test_transfer.py tests/test_hardware.py tests/test_models.py
+step peaks 60 $PY -c "
+import json, os
+from course_lib import hardware
+p = hardware.measured_peaks('cuda', refresh=True)
+print(p)
+print(p.provenance)
+import dataclasses
+json.dump(dataclasses.asdict(p), open(os.environ['OUT'] + '/peaks.json', 'w'), indent=1)
+"
+step flash 100 $PY benchmarks/flash_attention_gpu.py --out "$OUT/flash_attention.json" --rep 40
+step quant 70 $PY benchmarks/quant_kernels_gpu.py --out "$OUT/quant_kernels.json" --rep 40
+step serving 110 $PY benchmarks/serving_policies.py --quick --device cuda
+step engine_vs_hf 45 $PY benchmarks/engine_vs_hf.py --device cuda --repeats 3 --json "$OUT/engine_vs_hf.json"
+export COURSE_MODE=full
+for nb in 00_setup_and_hardware 01_bottlenecks 05_attention_kv_cache 03_compression; do
+    step "nb_$nb" 100 $PY "notebooks/$nb.py"
+done
+echo "== total $(($(date +%s) - START)) s" | tee -a "$OUT/summary.txt"
