@@ -48,7 +48,10 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the engine's device)")
     parser.add_argument("--dtype", default="fp32", help="the engine's dtype: fp32, fp16 or bf16")
-    parser.add_argument("--rate", type=float, default=40.0, help="arrival rate of the continuous-vs-static run")
+    parser.add_argument("--trace", default="bursty_small", help="shipped trace of the continuous-vs-static run")
+    parser.add_argument(
+        "--rate", type=float, default=40.0, help="its arrival rate, req/s (0: the trace's own; sharegpt_like: 1000)"
+    )
     parser.add_argument("--slo-ttft", type=float, default=1.0, help="s")
     parser.add_argument("--slo-tpot", type=float, default=0.1, help="s")
     args = parser.parse_args()
@@ -66,7 +69,8 @@ def main() -> None:
     n = args.max_num_seqs
 
     # 1. continuous vs static -------------------------------------------------------------------
-    trace = load_trace("bursty_small").with_rate(args.rate)
+    trace = load_trace(args.trace)
+    trace = trace.with_rate(args.rate) if args.rate > 0 else trace
     print(
         f"\n1. continuous vs static: {trace.name}, {len(trace)} requests, {trace.output_tokens} output tokens, "
         f"max_num_seqs {n}"

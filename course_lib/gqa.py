@@ -513,13 +513,15 @@ def uptrain(
         if print_every:
             print(f"step {step}: val loss {m['loss']:.4f} ppl {m['perplexity']:.2f}", flush=True)
 
+    device = next(model.parameters()).device
     evaluate_at(0)
     model.train()
     for step in range(steps):
         rate = lr_at(step, steps, lr, warmup)
         for group in opt.param_groups:
             group["lr"] = rate
-        x, y = get_batch(train_ids, batch, seq_len, gen)  # (B, T) each
+        x, y = get_batch(train_ids, batch, seq_len, gen)  # (B, T) each, on the CPU
+        x, y = x.to(device), y.to(device)
         logits = model(input_ids=x).logits  # (B, T, V)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
         opt.zero_grad(set_to_none=True)

@@ -318,11 +318,13 @@ cases = [
     dict(B=2, H=4, Hkv=1, tq=1, tk=45, d=16, causal=True),
     dict(B=1, H=4, Hkv=2, tq=20, tk=52, d=64, causal=False),
 ]
+kernel_device = "cuda" if torch.cuda.is_available() else "cpu"  # compiled on a GPU, interpreted on a CPU
 for c in cases:
     q = torch.randn(c["B"], c["H"], c["tq"], c["d"], generator=g)
     k = torch.randn(c["B"], c["Hkv"], c["tk"], c["d"], generator=g)
     v = torch.randn(c["B"], c["Hkv"], c["tk"], c["d"], generator=g)
-    out = fa.flash_attention_fwd(q, k, v, causal=c["causal"], path="triton" if fa.HAS_TRITON else "torch")
+    path = "triton" if fa.HAS_TRITON else "torch"
+    out = fa.flash_attention_fwd(*(t.to(kernel_device) for t in (q, k, v)), causal=c["causal"], path=path).cpu()
     ref = fa.attention_naive(q, k, v, causal=c["causal"])
     sd = fa.flash_attention_torch(q, k, v, causal=c["causal"])
     ok = torch.allclose(out, ref, atol=1e-4) and torch.allclose(out, sd, atol=1e-4)
@@ -536,7 +538,8 @@ nblk = 3 * ((int(lens.max()) + bs - 1) // bs) + 2
 k_cache, v_cache = torch.randn(nblk, bs, Hkv, d, generator=g), torch.randn(nblk, bs, Hkv, d, generator=g)
 tables = torch.randperm(nblk, generator=g)[: 3 * 3].view(3, 3).int()
 q = torch.randn(B, H, d, generator=g)
-out = paged_decode(q, k_cache, v_cache, tables, lens.int(), path="triton" if fa.HAS_TRITON else "torch")
+path = "triton" if fa.HAS_TRITON else "torch"
+out = paged_decode(*(t.to(kernel_device) for t in (q, k_cache, v_cache, tables, lens.int())), path=path).cpu()
 err = float((out - paged_decode_ref(q, k_cache, v_cache, tables, lens.int())).abs().max())
 print(
     "paged-decode kernel = reference within 1e-5 for lengths",

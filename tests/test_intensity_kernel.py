@@ -8,6 +8,9 @@ from course_lib.kernels import HAS_TRITON
 from course_lib.kernels import intensity as mod
 from course_lib.kernels.intensity import intensity, intensity_ref, intensity_sweep, intensity_torch
 
+#: Triton runs compiled on a GPU, interpreted on a CPU: tests that force path="triton" use this device.
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="Triton not installed")
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2}
 
@@ -40,7 +43,7 @@ def test_torch_path_matches_reference(n, k):
 
 @needs_triton
 def test_paths_agree_and_shape_kept():
-    x = _x(6 * 7, torch.float32).reshape(6, 7)
+    x = _x(6 * 7, torch.float32).reshape(6, 7).to(DEV)
     a = intensity(x, 4, path="triton", block=64)
     b = intensity(x, 4, path="torch")
     assert a.shape == (6, 7)
@@ -49,15 +52,15 @@ def test_paths_agree_and_shape_kept():
 
 @pytest.mark.parametrize("path", ["torch", pytest.param("triton", marks=needs_triton)])
 def test_out_parameter(path):
-    x = _x(100, torch.float32)
+    x = _x(100, torch.float32).to(DEV if path == "triton" else "cpu")
     out = torch.empty_like(x)
     y = intensity(x, 3, path=path, out=out, block=64)
     assert y.data_ptr() == out.data_ptr()
     torch.testing.assert_close(out, intensity_ref(x, 3))
     with pytest.raises(ValueError, match="out must be a tensor of x's shape"):
-        intensity(x, 3, path=path, out=torch.empty(99))
+        intensity(x, 3, path=path, out=torch.empty(99, device=x.device))
     with pytest.raises(ValueError, match="out must be a tensor"):
-        intensity(x, 3, path=path, out=torch.empty(100, dtype=torch.float16))
+        intensity(x, 3, path=path, out=torch.empty(100, dtype=torch.float16, device=x.device))
 
 
 def test_reference_really_changes_with_k():

@@ -316,6 +316,9 @@ def _paged_case(B, H, Hkv, d, bs, lens, dtype, seed=0):
     return q, k, v, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32)
 
 
+#: Triton runs compiled on a GPU, interpreted on a CPU: the kernel test uses this device.
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
 CASES = [  # B, H, Hkv, d, bs, lens, dtype
     (3, 4, 2, 16, 4, [5, 1, 13], torch.float32),
     (2, 8, 1, 32, 8, [17, 9], torch.float32),
@@ -329,7 +332,8 @@ CASES = [  # B, H, Hkv, d, bs, lens, dtype
 @pytest.mark.parametrize("B,H,Hkv,d,bs,lens,dtype", CASES)
 def test_kernel_matches_reference_and_contiguous_attention(B, H, Hkv, d, bs, lens, dtype):
     q, k, v, k_cache, v_cache, tables, ctx = _paged_case(B, H, Hkv, d, bs, lens, dtype)
-    out = paged_decode(q, k_cache, v_cache, tables, ctx, path="triton")
+    dev = [t.to(DEV) for t in (q, k_cache, v_cache, tables, ctx)]
+    out = paged_decode(*dev, path="triton").cpu()
     ref = paged_decode_ref(q, k_cache, v_cache, tables, ctx)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     assert out.dtype == dtype and out.shape == (B, H, d)

@@ -245,6 +245,7 @@ def train_student(
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
         x, y = get_batch(train_ids, batch, seq_len, gen)
+        x, y = x.to(next(model.parameters()).device), y.to(next(model.parameters()).device)
         with torch.no_grad():
             teacher_logits = teacher_model(input_ids=x).logits
         logits = model(input_ids=x).logits  # (B, T, V)

@@ -352,6 +352,7 @@ def train_heads(
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
         x, y = get_batch(train_ids, batch, seq_len, gen)  # (B, T) each
+        x, y = x.to(next(heads.parameters()).device), y.to(next(heads.parameters()).device)
         window = torch.cat([x, y[:, -1:]], dim=1)  # (B, T+1)
         hidden = target_hidden(target, x)  # (B, T, D), frozen target
         losses, accs = head_losses(heads, hidden, window)
