@@ -22,7 +22,7 @@ from course_lib.serving.loadgen import (  # noqa: E402
     schedule,
     server_overhead,
 )
-from course_lib.serving.server import render_chat, serve  # noqa: E402
+from course_lib.serving.server import EngineProcess, render_chat, serve  # noqa: E402
 
 PROMPT = "def fibonacci(n):"
 N = 8  # tokens per request: enough to stream, few enough to stay fast
@@ -63,11 +63,16 @@ def sse(lines) -> list:
     return out
 
 
+def kv_state(e) -> tuple[bool, int]:
+    """Module-level (picklable): an EngineProcess runs it in its child."""
+    return e.has_unfinished(), e.backend.bytes_used()
+
+
 def kv_idle(handle, timeout: float = 10.0) -> bool:
-    """Poll the engine (on its own thread) until nothing is live and no KV byte is held."""
+    """Poll the engine (on its own thread or process) until nothing is live and no KV byte is held."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        busy, used = handle.engine_loop.call(lambda e: (e.has_unfinished(), e.backend.bytes_used()))
+        busy, used = handle.engine_loop.call(kv_state)
         if not busy and used == 0:
             return True
         time.sleep(0.05)
@@ -323,3 +328,91 @@ def test_loadgen_against_server_and_in_process(engine, refs):
     assert overhead.server_s > 0 and overhead.engine_s > 0 and "TPOT" in str(overhead)
     with pytest.raises(ValueError):
         schedule([(PROMPT, N)], rate=0)
+
+
+# ----------------------------------------------------------------------------- the engine in its own process
+def test_engine_process_bad_arguments():
+    with pytest.raises(ValueError, match="threads must be"):
+        EngineProcess("tiny-target", threads=0)
+    with pytest.raises(ValueError, match="model must be a model name or folder"):
+        EngineProcess(object())
+    with pytest.raises(ValueError, match="startup_timeout_s"):
+        EngineProcess("tiny-target", startup_timeout_s=0)
+
+
+def test_engine_process_serves_the_same_text_and_stops_clean(refs):
+    """Greedy text (plain, streamed, stop string, chat, the openai client), disconnect, metrics, then a clean
+    stop: the child exits and no thread is left."""
+    from openai import OpenAI
+
+    before = {t.ident for t in threading.enumerate()}
+    proc = EngineProcess("tiny-target", threads=1)
+    with serve(proc, max_queue=8) as h:
+        assert proc.alive and proc.pid is not None
+        with httpx.Client(base_url=h.url, timeout=60) as c:
+            body = {"prompt": PROMPT, "max_tokens": N, "temperature": 0}
+            assert c.post("/v1/completions", json=body).json()["choices"][0]["text"] == refs["text"]
+            with c.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
+                events = sse(r.iter_lines())
+            assert events[-1] == "[DONE]" and len(events) == N + 1
+            assert "".join(e["choices"][0]["text"] for e in events[:-1]) == refs["text"]
+            stop = c.post("/v1/completions", json=body | {"stop": "number"}).json()["choices"][0]
+            assert stop["text"] == refs["stop"]
+            chat = {"messages": [{"role": "user", "content": "Write a loop"}], "max_tokens": N, "temperature": 0}
+            assert c.post("/v1/chat/completions", json=chat).json()["choices"][0]["message"]["content"] == refs["chat"]
+            client = OpenAI(base_url=h.openai_base_url, api_key="-")
+            pieces = [
+                ch.choices[0].text
+                for ch in client.completions.create(
+                    model="tiny-target", prompt=PROMPT, max_tokens=N, temperature=0, stream=True
+                )
+            ]
+            assert "".join(pieces) == refs["text"]
+            long = {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
+            with c.stream("POST", "/v1/completions", json=long) as r:
+                lines, seen = r.iter_lines(), 0
+                for line in lines:
+                    seen += line.startswith("data: ")
+                    if seen == 3:
+                        break
+                assert metric_values(h)["course_requests_running"] == 1
+            assert kv_idle(h)  # the disconnect aborted it in the child and freed its KV
+        m = metric_values(h)
+        assert m["course_requests_total{finish_reason=abort}"] == 1
+        assert m["course_kv_cache_bytes_used"] == 0 and m["course_requests_running"] == 0
+        assert proc.steps > 0 and proc.step_errors == 0
+        with pytest.raises(ValueError, match="picklable"):
+            proc.call(lambda e: 1)
+    assert not proc.alive and proc._proc is None
+    assert {t.ident for t in threading.enumerate()} == before
+
+
+def test_engine_process_crash_fails_requests_without_hanging():
+    import os
+    import signal
+
+    proc = EngineProcess("tiny-target", threads=1)
+    with serve(proc) as h, httpx.Client(base_url=h.url, timeout=30) as c:
+        body = {"prompt": PROMPT, "max_tokens": 500, "temperature": 0, "ignore_eos": True, "stream": True}
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            next(lines)
+            os.kill(proc.pid, signal.SIGKILL)  # the engine dies mid-stream
+            events = sse(lines)
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 500
+        deadline = time.monotonic() + 10
+        while proc.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not proc.alive
+        assert c.get("/health").status_code == 503
+        r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": N})
+        assert r.status_code == 503  # refused at once, not queued forever
+    assert proc._proc is None
+
+
+def test_engine_process_that_cannot_build_its_engine_says_why():
+    proc = EngineProcess("no-such-model", startup_timeout_s=60)
+    with pytest.raises(RuntimeError, match="failed to build its engine") as info:
+        proc.start()
+    assert "no-such-model" in str(info.value)
+    assert not proc.alive

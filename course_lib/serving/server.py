@@ -2,6 +2,8 @@
 
     with serve(Engine("tiny-target"), max_queue=16) as server:      # uvicorn in a background thread
         openai.OpenAI(base_url=server.openai_base_url, api_key="-").completions.create(...)
+    with serve(EngineProcess("tiny-target", threads=1)) as server:  # the engine in a process of its own
+        ...
 
 The engine is not thread-safe, so exactly one thread touches it: ``EngineLoop`` takes commands (add,
 abort, call) from a thread-safe queue between steps, calls ``step()`` while anything is unfinished, and
@@ -9,7 +11,10 @@ hands each step's ``TokenEvent``s to the per-request ``asyncio.Queue``s with one
 ``loop.call_soon_threadsafe`` per step. The HTTP side (FastAPI on uvicorn) only parses, detokenizes and
 writes server-sent events. Per token the server adds an event hop, a decode and an SSE write, all under
 the same GIL as the engine loop's Python; whether that is small next to a step depends on the step's
-cost, so measure it: ``loadgen.server_overhead`` compares p50 TPOT with in-process generation.
+cost, so measure it: ``loadgen.server_overhead`` compares p50 TPOT with in-process generation. With an
+``EngineProcess`` the engine steps in a child process (as vLLM's ``AsyncLLM`` runs its ``EngineCore``) and
+sends each step's tokens back as one message: the HTTP side's per-token Python no longer competes with the
+engine's for one interpreter lock.
 
 Endpoints: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (OpenAI's request and chunk
 formats, ``stream`` with ``stream_options.include_usage``; plus vLLM's ``ignore_eos`` extension),
@@ -243,6 +248,325 @@ def _put_batch(batch: list) -> None:
             q.put_nowait(item)
 
 
+# ----------------------------------------------------------------------------- the engine in its own process
+class EngineProcess:
+    """The engine in a process of its own, as vLLM's ``AsyncLLM`` runs its ``EngineCore``: the HTTP side keeps
+    parsing, detokenizing and writing events, but no longer shares an interpreter lock with the engine's
+    Python (scheduling, sampling, bookkeeping), so a step takes as long as it does alone.
+
+        with serve(EngineProcess("tiny-target", threads=1)) as server: ...
+
+    ``engine_kwargs`` are ``Engine``'s arguments (``model`` a name or folder, ``kv_cache``, ``config``, ...);
+    the engine is built in the child (spawned: a fresh interpreter, torch imported there, ~4 s). The child
+    sends back one message per step: that step's tokens for every request as plain tuples, plus the gauges
+    (waiting, running, KV bytes) that ``/metrics`` shows. Same interface as ``EngineLoop`` (``start``,
+    ``stop``, ``submit``, ``abort``, ``abort_all``, ``call``, ``alive``, ``steps``, ``step_errors``);
+    ``call(fn)`` needs a picklable ``fn`` (a module-level function, not a lambda). If the child dies, every
+    live request gets a 500 and ``alive`` turns False."""
+
+    def __init__(
+        self, model="tiny-target", *, threads: int | None = 1, startup_timeout_s: float = 120.0, **engine_kwargs
+    ):
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be None or an int ≥ 1, got {threads!r}")
+        if not (isinstance(startup_timeout_s, (int, float)) and startup_timeout_s > 0):
+            raise ValueError(f"startup_timeout_s must be a number > 0, got {startup_timeout_s!r}")
+        if not isinstance(model, (str, bytes)) and not hasattr(model, "__fspath__"):
+            raise ValueError(
+                f"model must be a model name or folder (the child process builds the engine), got {type(model).__name__}"
+            )
+        self.engine_kwargs = {"model": str(model), **engine_kwargs}
+        self.threads, self.startup_timeout_s = threads, startup_timeout_s
+        self.metrics: ServerMetrics | None = None
+        self.tokenizer = None
+        self.max_model_len: int | None = None
+        self.pid: int | None = None
+        self.steps = 0
+        self.step_errors = 0
+        self.step_seconds = 0.0  # time the child spent inside engine.step(), summed
+        self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._calls: dict[int, concurrent.futures.Future] = {}
+        self._next_call = 0
+        self._send_lock = threading.Lock()
+        self._proc = None
+        self._conn = None
+        self._reader: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        state = f"pid {self.pid}" if self.alive else "not running"
+        return f"EngineProcess({self.engine_kwargs['model']!r}, threads={self.threads}, {state})"
+
+    # -- called from any thread
+    def start(self) -> None:
+        """Spawn the child and wait until its engine is built (raises with the child's traceback if not)."""
+        if self._proc is not None:
+            return
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=True)
+        proc = ctx.Process(
+            target=_engine_process_main,
+            args=(child, self.engine_kwargs, self.threads),
+            name="course-engine",
+            daemon=True,
+        )
+        proc.start()
+        child.close()
+        try:
+            if not parent.poll(self.startup_timeout_s):
+                raise RuntimeError(f"the engine process did not start within {self.startup_timeout_s} s")
+            msg = parent.recv()
+        except (EOFError, OSError):
+            msg = ("failed", f"the engine process exited with code {proc.exitcode} before it was ready")
+        except BaseException:
+            proc.kill()
+            proc.join(5)
+            raise
+        if msg[0] != "ready":
+            proc.join(5)
+            raise RuntimeError(f"the engine process failed to build its engine:\n{msg[1]}")
+        info = msg[1]
+        self.tokenizer, self.max_model_len, self.pid = info["tokenizer"], info["max_model_len"], info["pid"]
+        self._proc, self._conn = proc, parent
+        self._reader = threading.Thread(target=self._read, name="course-engine-reader", daemon=True)
+        self._reader.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort every live request (each gets a 503), end the child and the reader thread."""
+        if self._proc is None:
+            return
+        self._post(("stop",))
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
+        if self._reader is not None:
+            self._reader.join(timeout)
+        self._fail_all(503, "the server is shutting down")
+        self._conn.close()
+        self._proc = self._reader = None
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive() and self._reader is not None and self._reader.is_alive()
+
+    def submit(
+        self, request_id: str, prompt, params: SamplingParams, loop: asyncio.AbstractEventLoop, q: asyncio.Queue
+    ) -> None:
+        """Queue a request; its items will be put on ``q`` inside ``loop``."""
+        self._sinks[request_id] = (loop, q)
+        if not self._post(("add", request_id, prompt, params)):
+            self._sinks.pop(request_id, None)
+            EngineLoop._send({request_id: ((loop, q), [("error", 503, "the engine process is not running")])})
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request if it is still live; harmless if it already finished."""
+        if self._sinks.pop(request_id, None) is not None:
+            self._post(("abort", request_id))
+
+    def abort_all(self, status: int = 503, message: str = "the server is shutting down") -> None:
+        self._fail_all(status, message)
+        self._post(("abort_all",))
+
+    def call(self, fn: Callable, timeout: float = 10.0):
+        """Run ``fn(engine)`` in the child between steps and return its (picklable) result."""
+        if not self.alive:
+            raise RuntimeError("the engine process is not running")
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._send_lock:
+            self._next_call += 1
+            cid = self._next_call
+            self._calls[cid] = fut
+            try:
+                self._conn.send(("call", cid, fn))
+            except Exception as exc:  # pickling fn failed (a lambda, a closure): say so
+                self._calls.pop(cid, None)
+                raise ValueError(
+                    f"call() sends fn to the engine process, so it must be picklable (a module-level function): {exc}"
+                ) from None
+        return fut.result(timeout)
+
+    # -- internals
+    def _post(self, msg) -> bool:
+        if self._conn is None:
+            return False
+        try:
+            with self._send_lock:
+                self._conn.send(msg)
+            return True
+        except (OSError, ValueError, EOFError):
+            return False
+
+    def _fail_all(self, status: int, message: str) -> None:
+        out = {rid: (sink, [("error", status, message)]) for rid, sink in list(self._sinks.items())}
+        self._sinks.clear()
+        EngineLoop._send(out)
+
+    def _read(self) -> None:
+        """The reader thread: the child's messages → the requests' asyncio queues, one hop per event loop."""
+        conn = self._conn
+        try:
+            while True:
+                msg = conn.recv()
+                kind = msg[0]
+                if kind == "batch":
+                    self._deliver(msg[1])
+                    self._gauges(msg[2])
+                elif kind == "result":
+                    fut = self._calls.pop(msg[1], None)
+                    if fut is not None:
+                        fut.set_result(msg[2]) if msg[3] else fut.set_exception(msg[2])
+                elif kind == "stopped":
+                    return
+        except (EOFError, OSError):
+            log.error("the engine process ended unexpectedly; failing its live requests")
+        finally:
+            self._fail_all(500, "the engine process ended")
+            for fut in self._calls.values():
+                fut.set_exception(RuntimeError("the engine process ended"))
+            self._calls.clear()
+
+    def _deliver(self, items: list) -> None:
+        from course_lib.engine.engine import TokenEvent
+
+        out: dict[str, tuple] = {}
+        for item in items:
+            rid = item[1]
+            sink = self._sinks.get(rid)
+            if sink is None:
+                continue
+            if item[0] == "token":
+                _, _, token_id, t, index, finished, reason = item
+                out.setdefault(rid, (sink, []))[1].append(
+                    ("token", TokenEvent(rid, token_id, t, index, finished, reason))
+                )
+                if finished:
+                    self._sinks.pop(rid, None)
+            elif item[0] == "added":
+                out.setdefault(rid, (sink, []))[1].append(("added", item[2]))
+            else:  # ("error", rid, status, message)
+                out.setdefault(rid, (sink, []))[1].append(("error", item[2], item[3]))
+                self._sinks.pop(rid, None)
+        for rid in EngineLoop._send(out):
+            self.abort(rid)
+
+    def _gauges(self, g: tuple) -> None:
+        waiting, running, kv_used, kv_reserved, self.steps, self.step_errors, self.step_seconds = g
+        m = self.metrics
+        if m is not None:
+            m.waiting.set(waiting)
+            m.running.set(running)
+            m.kv_used.set(kv_used)
+            m.kv_reserved.set(kv_reserved)
+
+
+def _engine_process_main(conn, engine_kwargs: dict, threads: int | None) -> None:
+    """The child of ``EngineProcess``: build the engine, then take commands between steps and send each step's
+    tokens back as one message."""
+    import traceback
+
+    try:
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        from course_lib.engine import Engine
+
+        engine = Engine(**engine_kwargs)
+        info = {
+            "tokenizer": engine.tokenizer,
+            "max_model_len": engine.config.max_model_len,
+            "pid": __import__("os").getpid(),
+        }
+        conn.send(("ready", info))
+    except BaseException:  # noqa: BLE001 - the parent raises it with this traceback
+        conn.send(("failed", traceback.format_exc()))
+        return
+    live: set[str] = set()
+    steps = errors = 0
+    step_s = 0.0
+
+    def gauges() -> tuple:
+        s = engine.scheduler
+        return (
+            len(s.waiting),
+            len(s.running),
+            engine.backend.bytes_used(),
+            engine.backend.bytes_reserved(),
+            steps,
+            errors,
+            step_s,
+        )
+
+    def abort(rid: str) -> None:
+        live.discard(rid)
+        try:
+            engine.abort(rid)  # frees its KV
+        except ValueError:
+            pass  # it finished (or was never added) meanwhile
+
+    try:
+        while True:
+            out: list = []
+            # block only while idle; while generating, take what has arrived and step again
+            cmds = [] if engine.has_unfinished() else [conn.recv()]
+            while conn.poll():
+                cmds.append(conn.recv())
+            stop = False
+            for cmd in cmds:
+                kind = cmd[0]
+                if kind == "add":
+                    _, rid, prompt, params = cmd
+                    try:
+                        seq = engine.add_request(prompt, params, request_id=rid)
+                    except ValueError as exc:
+                        out.append(("error", rid, 400, str(exc)))
+                    except Exception as exc:  # noqa: BLE001 - one request's failure must not end the loop
+                        out.append(("error", rid, 500, f"engine error: {exc!r}"))
+                    else:
+                        live.add(rid)
+                        out.append(("added", rid, seq.num_prompt_tokens))
+                elif kind == "abort":
+                    abort(cmd[1])
+                elif kind == "abort_all":
+                    for rid in list(live):
+                        abort(rid)
+                elif kind == "call":
+                    try:
+                        conn.send(("result", cmd[1], cmd[2](engine), True))
+                    except Exception as exc:  # noqa: BLE001 - the caller gets it
+                        conn.send(("result", cmd[1], exc, False))
+                elif kind == "stop":
+                    stop = True
+            if stop:
+                for rid in list(live):
+                    abort(rid)
+                conn.send(("batch", out, gauges()))
+                conn.send(("stopped",))
+                return
+            if engine.has_unfinished():
+                t0 = time.perf_counter()
+                try:
+                    events = engine.step()
+                except Exception as exc:  # noqa: BLE001 - fail this batch's requests, keep serving
+                    errors += 1
+                    for rid in list(live):
+                        abort(rid)
+                        out.append(("error", rid, 500, f"engine error: {exc!r}"))
+                    events = []
+                else:
+                    steps += 1
+                step_s += time.perf_counter() - t0
+                for ev in events:
+                    out.append(("token", ev.request, ev.token_id, ev.time, ev.index, ev.finished, ev.finish_reason))
+                    if ev.finished:
+                        live.discard(ev.request)
+            conn.send(("batch", out, gauges()))
+    except (EOFError, OSError, KeyboardInterrupt):
+        return  # the parent went away
+
+
 # ----------------------------------------------------------------------------- metrics
 class ServerMetrics:
     """Prometheus metrics in their own ``CollectorRegistry`` (two apps in one process never collide)."""
@@ -453,11 +777,12 @@ class _State:
 
 # ----------------------------------------------------------------------------- the app
 def create_app(engine, *, max_queue: int = 64, request_timeout_s: float | None = 60.0, model_name: str = "tiny-target"):
-    """A FastAPI app serving ``engine``; its engine loop thread starts and stops with the app's lifespan.
+    """A FastAPI app serving ``engine``: an ``Engine`` (driven by an ``EngineLoop`` thread in this process) or an
+    ``EngineProcess`` (the engine in a child process); either starts and stops with the app's lifespan.
 
     ``max_queue``: requests admitted at once (waiting + running + being answered); one more gets 429.
     ``request_timeout_s``: from arrival to the last token; past it the request is aborted (504), None = no limit.
-    ``app.state.engine_loop`` is the ``EngineLoop``; ``app.state.metrics`` the ``ServerMetrics``."""
+    ``app.state.engine_loop`` is the ``EngineLoop`` or ``EngineProcess``; ``app.state.metrics`` the ``ServerMetrics``."""
     if not isinstance(max_queue, int) or isinstance(max_queue, bool) or max_queue < 1:
         raise ValueError(f"max_queue must be an int ≥ 1, got {max_queue!r}")
     if request_timeout_s is not None and not (
@@ -465,18 +790,23 @@ def create_app(engine, *, max_queue: int = 64, request_timeout_s: float | None =
     ):
         raise ValueError(f"request_timeout_s must be None or a finite number > 0, got {request_timeout_s!r}")
     metrics = ServerMetrics()
-    engine_loop = EngineLoop(engine, metrics)
-    try:
-        tokenizer = copy.deepcopy(engine.tokenizer)  # the HTTP thread decodes with its own copy
-    except Exception:  # noqa: BLE001 - a tokenizer that cannot be copied is shared (decode only reads it)
-        tokenizer = engine.tokenizer
-    state = _State(
-        engine_loop, metrics, tokenizer, model_name, max_queue, request_timeout_s, engine.config.max_model_len
-    )
+    if isinstance(engine, EngineProcess):  # the engine runs in a child process, started with the app
+        engine_loop, tokenizer, max_model_len = engine, None, None
+        engine.metrics = metrics
+    else:
+        engine_loop = EngineLoop(engine, metrics)
+        try:
+            tokenizer = copy.deepcopy(engine.tokenizer)  # the HTTP thread decodes with its own copy
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot be copied is shared (decode only reads it)
+            tokenizer = engine.tokenizer
+        max_model_len = engine.config.max_model_len
+    state = _State(engine_loop, metrics, tokenizer, model_name, max_queue, request_timeout_s, max_model_len)
 
     @asynccontextmanager
     async def lifespan(app):
         engine_loop.start()
+        if isinstance(engine_loop, EngineProcess):  # known once the child has built its engine
+            state.tokenizer, state.max_model_len = engine_loop.tokenizer, engine_loop.max_model_len
         try:
             yield
         finally:
@@ -548,7 +878,7 @@ def create_app(engine, *, max_queue: int = 64, request_timeout_s: float | None =
             metrics.requests.labels(finish_reason="rejected").inc()
             return error(429, f"the server already holds max_queue={max_queue} requests; retry later")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        job = _Job(state, rid, arrival, _TextStream(tokenizer, params.stop))
+        job = _Job(state, rid, arrival, _TextStream(state.tokenizer, params.stop))
         job.start(prompt, params)
         watcher = asyncio.create_task(_close_on_disconnect(request, job))
         try:
@@ -642,7 +972,7 @@ def create_app(engine, *, max_queue: int = 64, request_timeout_s: float | None =
     async def chat_completions(body: ChatRequest, request: Request):
         if not body.messages:
             return error(400, "messages must hold at least one message")
-        prompt = render_chat([m.model_dump() for m in body.messages], tokenizer)
+        prompt = render_chat([m.model_dump() for m in body.messages], state.tokenizer)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         return await run(request, body, prompt, max_tokens, chat=True)
 
@@ -669,7 +999,7 @@ class ServerHandle:
     def __init__(self, server, thread: threading.Thread, app, host: str, port: int) -> None:
         self._server, self._thread, self.app = server, thread, app
         self.host, self.port = host, port
-        self.engine_loop: EngineLoop = app.state.engine_loop
+        self.engine_loop: EngineLoop | EngineProcess = app.state.engine_loop
         self.metrics: ServerMetrics = app.state.metrics
 
     @property
@@ -716,12 +1046,19 @@ def serve(
     startup_timeout_s: float = 30.0,
 ) -> ServerHandle:
     """Start ``create_app(engine, ...)`` under uvicorn in a background thread; ``port=0`` picks a free port
-    (read it from ``.port`` / ``.url``). Returns once the socket accepts connections."""
+    (read it from ``.port`` / ``.url``). Returns once the socket accepts connections. ``engine``: an ``Engine``
+    (its loop thread shares this process's interpreter lock with the HTTP side) or an ``EngineProcess``
+    (the engine in its own process, as production servers run it)."""
     import uvicorn
 
-    with _OWNED_LOCK:
-        if engine in _OWNED_ENGINES:
-            raise RuntimeError("this engine is already driven by a running server; stop that one first")
+    if isinstance(engine, EngineProcess):
+        if engine.alive:
+            raise RuntimeError("this EngineProcess is already running for another server; stop that one first")
+        startup_timeout_s = max(startup_timeout_s, engine.startup_timeout_s + 5)  # the child builds its engine first
+    else:
+        with _OWNED_LOCK:
+            if engine in _OWNED_ENGINES:
+                raise RuntimeError("this engine is already driven by a running server; stop that one first")
     app = create_app(engine, max_queue=max_queue, request_timeout_s=request_timeout_s, model_name=model_name)
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, lifespan="on", timeout_graceful_shutdown=2, access_log=False
@@ -753,9 +1090,19 @@ def main(argv=None) -> None:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--max-queue", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--engine-process", action="store_true", help="run the engine in a process of its own")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads of the engine")
     args = ap.parse_args(argv)
+    if args.engine_process:
+        engine = EngineProcess(args.model, threads=args.threads)
+    else:
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        engine = Engine(args.model)
     with serve(
-        Engine(args.model),
+        engine,
         args.host,
         args.port,
         max_queue=args.max_queue,

@@ -1,0 +1,91 @@
+"""Benchmark: what the HTTP server adds to p50 TPOT over in-process generation (chapter 06's ≤ 10% goal).
+
+    python benchmarks/server_overhead.py [--requests 48] [--rate 8] [--tokens 32] [--rounds 3] [--threads 1]
+
+The same timed requests (vLLM-style: ``ignore_eos``, streaming, open loop) go three ways, in interleaved
+rounds so that a burst of load on the machine hits all three alike:
+  in-process      ``loadgen.measure_engine``: add_request/step on a worker thread, no HTTP;
+  thread server   ``serve(Engine)``: uvicorn and the engine loop thread in this process (one GIL);
+  process server  ``serve(EngineProcess)``: the engine steps in a child process (vLLM's AsyncLLM layout).
+The load generator (httpx, streaming) runs in this process in both server cases, as a client would.
+Prints each round's p50 TPOT and TTFT, then the median over rounds and a PASS/MISS for each server against
+the goal (≤ 10% over in-process). Greedy outputs are checked identical across the three. Not a test.
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from course_lib.engine import Engine
+from course_lib.metrics import SLO
+from course_lib.serving import loadgen, prompt_pool, server
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny-target")
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--rate", type=float, default=8.0, help="requests/s (Poisson)")
+    ap.add_argument("--tokens", type=int, default=32, help="output tokens per request (EOS ignored)")
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of every engine")
+    ap.add_argument("--goal", type=float, default=0.10)
+    ap.add_argument("--no-thread-server", action="store_true", help="compare in-process with the process server only")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    eng = Engine(args.model)
+    pool = prompt_pool(eng.tokenizer, 4096)
+    step = args.prompt_tokens + 8
+    if args.requests * step > len(pool):
+        raise SystemExit(f"--requests × (--prompt-tokens + 8) must fit the {len(pool)}-token prompt pool")
+    reqs = loadgen.schedule(
+        [
+            loadgen.TimedRequest(0.0, eng.tokenizer.decode(pool[i * step : i * step + args.prompt_tokens]), args.tokens)
+            for i in range(args.requests)
+        ],
+        rate=args.rate,
+        seed=0,
+    )
+    slo = SLO(1.0, 0.1)
+    print(
+        f"{args.model}, {args.requests} requests × {args.tokens} tokens at {args.rate:g} req/s, "
+        f"torch threads {args.threads}, {args.rounds} rounds"
+    )
+    t0 = time.perf_counter()
+    proc = server.EngineProcess(args.model, threads=args.threads)
+    with server.serve(proc) as proc_srv, server.serve(Engine(args.model)) as thread_srv:
+        print(f"servers up in {time.perf_counter() - t0:.1f} s (engine process pid {proc.pid})")
+        runs: dict[str, list] = {"in-process": [], "thread server": [], "process server": []}
+        if args.no_thread_server:
+            del runs["thread server"]
+        print(f"{'round':<6}{'run':<16}{'TPOT p50 ms':>12}{'TTFT p50 ms':>12}{'tok/s':>8}")
+        for r in range(args.rounds):
+            for name in runs:
+                if name == "in-process":
+                    res = loadgen.measure_engine(eng, reqs, slo=slo)
+                else:
+                    res = loadgen.run_load((thread_srv if name == "thread server" else proc_srv).url, reqs, slo=slo)
+                bad = [x.error for x in res.results if not x.ok]
+                if bad:
+                    raise SystemExit(f"{name}: {len(bad)} requests failed, e.g. {bad[0]}")
+                runs[name].append(res)
+                print(
+                    f"{r:<6}{name:<16}{res.p('tpot') * 1e3:>12.2f}{res.p('ttft') * 1e3:>12.1f}"
+                    f"{res.output_tokens_per_s:>8.0f}"
+                )
+    texts = [[x.text for x in rs[0].results] for rs in runs.values()]
+    print("greedy outputs identical across the runs:", all(t == texts[0] for t in texts))
+    base = statistics.median(x.p("tpot") for x in runs["in-process"])
+    print(f"\nmedian over rounds of p50 TPOT: in-process {base * 1e3:.2f} ms")
+    for name in [n for n in runs if n != "in-process"]:
+        med = statistics.median(x.p("tpot") for x in runs[name])
+        rel = med / base - 1
+        verdict = "PASS" if rel <= args.goal else "MISS"
+        print(f"  {name:<15} {med * 1e3:.2f} ms → {rel:+.1%} (goal ≤ {args.goal:.0%}): {verdict}")
+
+
+if __name__ == "__main__":  # the engine process is spawned: it re-imports this file, which must not run main()
+    main()
