@@ -34,8 +34,22 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads of every engine")
     ap.add_argument("--goal", type=float, default=0.10)
     ap.add_argument("--no-thread-server", action="store_true", help="compare in-process with the process server only")
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin this process (HTTP side, client, in-process baseline) to the first CPU, the engine process to the last",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    cpus = None
+    if args.pin:
+        import os
+
+        mine = sorted(os.sched_getaffinity(0))
+        if len(mine) < 2:
+            raise SystemExit("--pin needs two CPUs")
+        os.sched_setaffinity(0, {mine[0]})
+        cpus = {mine[-1]}
     eng = Engine(args.model)
     pool = prompt_pool(eng.tokenizer, 4096)
     step = args.prompt_tokens + 8
@@ -55,7 +69,7 @@ def main() -> None:
         f"torch threads {args.threads}, {args.rounds} rounds"
     )
     t0 = time.perf_counter()
-    proc = server.EngineProcess(args.model, threads=args.threads)
+    proc = server.EngineProcess(args.model, threads=args.threads, cpus=cpus)
     with server.serve(proc) as proc_srv, server.serve(Engine(args.model)) as thread_srv:
         print(f"servers up in {time.perf_counter() - t0:.1f} s (engine process pid {proc.pid})")
         runs: dict[str, list] = {"in-process": [], "thread server": [], "process server": []}

@@ -1,6 +1,7 @@
 """course_lib.parallel.comm: the α–β fit recovers known values, predictions behave, a tiny real run works."""
 
 import math
+import sys
 
 import pytest
 
@@ -58,6 +59,106 @@ def test_fit_stays_non_negative_and_checks_input():
     assert sorted(fits) == ["all_gather p=2", "all_reduce p=2", "reduce_scatter p=2"]
 
 
+MiB = 2**20
+KNEE_SIZES = (8, 1024, 2**16, 2**20, 4 * MiB, 16 * MiB, 24 * MiB, 32 * MiB, 48 * MiB, 64 * MiB)
+
+
+def _two_regime(alpha, beta, beta_large, knee, p=2, sizes=KNEE_SIZES, ops=comm.OPS, noise=0.0):
+    """Timings of the two-regime model: messages above ``knee`` pay ``beta_large`` per byte for all their bytes."""
+    rows = []
+    for i, n in enumerate(sizes):
+        for op in ops:
+            t = comm.ring_time(op, n, p, alpha, beta if n <= knee else beta_large) * (1 + noise * (-1) ** i)
+            rows.append(CollectiveTiming(op, p, n, t))
+    return rows
+
+
+@pytest.mark.parametrize("knee", [24 * MiB, 4 * MiB])
+@pytest.mark.parametrize("p", [2, 4])
+def test_two_regime_fit_recovers_alpha_beta_beta_large_and_knee(knee, p):
+    rows = _two_regime(250e-6, 0.5e-9, 1.4e-9, knee, p=p)
+    fit = comm.fit_alpha_beta(rows, label="synthetic", knee="auto")
+    assert fit.knee_bytes == knee  # the largest size of the first regime, exactly
+    assert fit.knee_next_bytes == min(n for n in KNEE_SIZES if n > knee)
+    assert fit.alpha == pytest.approx(250e-6, rel=1e-6)
+    assert fit.beta == pytest.approx(0.5e-9, rel=1e-6)
+    assert fit.beta_large == pytest.approx(1.4e-9, rel=1e-6)
+    assert fit.worst_error < 1e-6
+    assert fit.gbps == pytest.approx(2.0) and fit.gbps_large == pytest.approx(1 / 1.4)
+    # predict switches β at the knee; the datasheet path (collective_time) honours a fit's knee too
+    assert fit.beta_at(knee) == fit.beta and fit.beta_at(knee + 1) == fit.beta_large
+    assert fit.predict("all_gather", 64 * MiB, p) == pytest.approx(
+        comm.ring_time("all_gather", 64 * MiB, p, 250e-6, 1.4e-9)
+    )
+    assert comm.collective_time("all_gather", 64 * MiB, p, fit) == fit.predict("all_gather", 64 * MiB, p)
+    # the plain fit of the same data misses; a knee given by hand gives the same fit as the one found
+    assert comm.fit_alpha_beta(rows).worst_error > 0.3
+    fixed = comm.fit_alpha_beta(rows, knee=knee)
+    assert (fixed.alpha, fixed.beta, fixed.beta_large) == pytest.approx((fit.alpha, fit.beta, fit.beta_large))
+    # printed: the knee, β_large and the regime of every size
+    text = fit.describe()
+    assert "β_large" in text and "knee between" in text and "worst error 0%" in text
+    assert "regime" in fit.table() and fit.table().count("large") >= 2
+    assert repr(fit).startswith("<AlphaBetaFit synthetic:")
+    worst_timing, worst_err = fit.worst()
+    assert worst_timing in fit.timings and abs(worst_err) == fit.worst_error
+    # page faults: synthetic timings have no counts; with counts, the knee sits where fresh pages start
+    assert fit.page_fault_agreement() is None
+    counted = [
+        CollectiveTiming(t.op, t.p, t.nbytes, t.seconds, t.nbytes / comm.PAGE_BYTES if t.nbytes > knee else 1.0)
+        for t in rows
+    ]
+    assert counted[-1].fresh_page_share == 1.0 and counted[0].fresh_page_share > 0.5  # 1 fault on 8 bytes
+    with_faults = comm.fit_alpha_beta(counted, knee="auto")
+    assert with_faults.page_fault_agreement() == 1.0  # messages of 256 pages (1 MiB) and more
+    assert with_faults.page_fault_mismatches() == []
+    assert {t.nbytes for t in with_faults.page_fault_mismatches(min_pages=0)} == {8, 1024}
+    assert with_faults.page_fault_agreement(min_pages=0) == pytest.approx(0.8)  # 8 B and 1 KiB: 1 fault reads fresh
+    assert comm.fit_alpha_beta(counted).page_fault_agreement() is None  # no knee
+
+
+def test_two_regime_fit_with_noise_and_without_a_knee():
+    noisy = comm.fit_alpha_beta(_two_regime(250e-6, 0.5e-9, 1.4e-9, 24 * MiB, noise=0.1), knee="auto")
+    assert noisy.knee_bytes == 24 * MiB
+    assert noisy.beta == pytest.approx(0.5e-9, rel=0.15) and noisy.beta_large == pytest.approx(1.4e-9, rel=0.15)
+    assert noisy.worst_error < 0.25
+    # one regime in the data: "auto" keeps the plain model, exact or noisy
+    for noise in (0.0, 0.1):
+        plain = comm.fit_alpha_beta(_two_regime(250e-6, 0.5e-9, 0.5e-9, 24 * MiB, noise=noise), knee="auto")
+        assert plain.knee_bytes is None and plain.beta_large is None and plain.gbps_large is None
+        assert "β_large" not in plain.describe() and "regime" not in plain.table()
+    # cheaper bytes past a size are not a knee of this model (and one odd last point is not a regime)
+    faster = comm.fit_alpha_beta(_two_regime(250e-6, 1.4e-9, 0.5e-9, 24 * MiB), knee="auto")
+    assert faster.knee_bytes is None
+    last_only = comm.fit_alpha_beta(_two_regime(250e-6, 0.5e-9, 1.4e-9, 48 * MiB), knee="auto")
+    assert last_only.knee_bytes is None
+    # fit_by_op finds a knee per op: here only the all-gather has one
+    rows = _two_regime(250e-6, 0.5e-9, 1.4e-9, 24 * MiB, ops=("all_gather",))
+    rows += _two_regime(150e-6, 0.6e-9, 0.6e-9, 24 * MiB, ops=("all_reduce",))
+    fits = comm.fit_by_op(rows)
+    assert fits["all_gather p=2"].knee_bytes == 24 * MiB and fits["all_reduce p=2"].knee_bytes is None
+    assert all(f.knee_bytes is None for f in comm.fit_by_op(rows, knee=None).values())
+
+
+def test_two_regime_fit_rejects_bad_input():
+    rows = _two_regime(250e-6, 0.5e-9, 1.4e-9, 24 * MiB)
+    for bad in (0, -1, math.nan, math.inf, "llc", True):
+        with pytest.raises(ValueError, match="knee must be"):
+            comm.fit_alpha_beta(rows, knee=bad)
+    with pytest.raises(ValueError, match="one above"):
+        comm.fit_alpha_beta(rows, knee=64 * MiB)  # nothing measured above it
+    with pytest.raises(ValueError, match="two measured sizes at or below"):
+        comm.fit_alpha_beta(rows, knee=8)
+    with pytest.raises(ValueError, match="give both or neither"):
+        comm.AlphaBetaFit(1e-5, 1e-9, tuple(rows), knee_bytes=1e6)
+    with pytest.raises(ValueError, match="knee_bytes > 0"):
+        comm.AlphaBetaFit(1e-5, 1e-9, tuple(rows), knee_bytes=-1.0, beta_large=1e-9)
+    few = comm.fit_alpha_beta(rows[:9], knee="auto")  # 3 sizes: too few for two regimes of two sizes each
+    assert few.knee_bytes is None
+    with pytest.raises(ValueError, match="nbytes"):
+        comm.fit_alpha_beta(rows, knee="auto").predict("all_reduce", -1, 2)
+
+
 def test_links_are_sourced_and_predictions_monotonic():
     from course_lib.references import reference
 
@@ -111,14 +212,32 @@ def test_plots_draw_on_their_own_figure():
     fit = comm.fit_alpha_beta(_synthetic(30e-6, 2e-9), label="synthetic")
     assert isinstance(comm.plot_alpha_beta(fit), Figure)
     assert isinstance(comm.plot_plan(comm.parallel_plan()), Figure)
+    fits = comm.fit_by_op(_two_regime(250e-6, 0.5e-9, 1.4e-9, 24 * MiB))
+    fig = comm.plot_alpha_beta(fits.values(), links_to_show=(), marks={"L3": 32 * MiB})
+    ax = fig.axes[0]
+    knee_lines = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":"]
+    assert len(knee_lines) == 3 and all(ln.get_xdata()[0] == 24 * MiB for ln in knee_lines)
+    assert any(t.get_text().strip() == "L3" for t in ax.texts)
+    with pytest.raises(ValueError, match="AlphaBetaFit"):
+        comm.plot_alpha_beta([])
 
 
 def test_tiny_real_measurement():
-    rows = comm.measure_collectives(2, sizes=(64, 2**16), ops=("all_reduce", "all_gather"), repeats=2, warmup=1)
+    rows = comm.measure_collectives(
+        2, sizes=(64, 2**16), ops=("all_reduce", "all_gather"), repeats=2, warmup=1, min_time_s=0.01
+    )
     assert [(r.op, r.p) for r in rows] == [("all_reduce", 2)] * 2 + [("all_gather", 2)] * 2
     assert all(r.seconds > 0 and math.isfinite(r.seconds) for r in rows)
+    if sys.platform == "linux":  # minor page faults are counted; small messages reuse their memory
+        assert all(r.page_faults is not None and r.fresh_page_share < 0.5 for r in rows)
     assert comm.fit_alpha_beta(rows).alpha >= 0
     with pytest.raises(ValueError, match="sizes"):
         comm.measure_collectives(2, sizes=())
     with pytest.raises(ValueError, match="ops"):
         comm.measure_collectives(2, ops=("broadcast",))
+    with pytest.raises(ValueError, match="quantile"):
+        comm.measure_collectives(2, quantile=1.5)
+    with pytest.raises(ValueError, match="min_time_s"):
+        comm.measure_collectives(2, min_time_s=-1)
+    with pytest.raises(ValueError, match="max_repeats"):
+        comm.measure_collectives(2, repeats=5, max_repeats=3)

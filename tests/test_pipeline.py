@@ -9,9 +9,13 @@ import torch
 
 from course_lib.engine import Engine, SamplingParams
 from course_lib.parallel.pipeline import (
+    Slot,
     StageBackend,
     Timeline,
     bubble_fraction,
+    bubble_rows,
+    bubble_with_comm,
+    format_bubble_rows,
     gpipe_schedule,
     measure_bubble,
     pipeline_generate,
@@ -62,6 +66,41 @@ def test_simulated_slowest_stage_sets_the_pace():
     assert [s.start for s in per_slot.slots if s.stage == 1] == [1, 3]
 
 
+@pytest.mark.parametrize("p", [1, 2, 4])
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+def test_bubble_with_comm_formula_equals_simulated_schedule(p, m):
+    t, c = Fraction(5), Fraction(2)
+    tl = gpipe_schedule(p, m, t, t_comm=c)  # every hand-off takes c
+    assert tl.makespan == (m + p - 1) * t + (p - 1) * c  # the fill pays c once per stage boundary
+    assert tl.bubble() == Fraction(bubble_with_comm(p, m, t, c)).limit_denominator(10**6)
+    assert bubble_with_comm(p, m, 5.0, 0.0) == pytest.approx(bubble_fraction(p, m))
+    assert bubble_with_comm(p, m, 5.0, 2.0) >= bubble_fraction(p, m)
+    assert tl.mean_slot() == t and tl.imbalance() == 1
+    if p > 1:
+        assert tl.first_hop() == c and all(h == c for h in tl.hops().values())  # no queueing: equal stages
+    else:
+        assert tl.first_hop() == 0 and tl.hops() == {}
+
+
+def test_timeline_measures_hops_imbalance_and_replays_with_comm():
+    # a "measured" p=2, m=2 prefill: stage 1 (the LM head) is slower, and each hand-off takes 1
+    slots = [Slot(0, 0, 0, 4, cpu=4), Slot(0, 1, 4, 8, cpu=4), Slot(1, 0, 5, 11, cpu=6), Slot(1, 1, 11, 17, cpu=6)]
+    tl = Timeline(2, 2, slots)
+    assert tl.hops() == {(0, 0): 1, (0, 1): 3}  # the second hop queues behind stage 1's first micro-batch
+    assert tl.first_hop() == 1 and tl.mean_slot() == 5 and tl.imbalance() == pytest.approx(1.2)
+    assert tl.replayed(t_comm=1).makespan == tl.makespan == 17
+    assert tl.replayed().makespan == 16 and tl.replayed(1).bubble() == pytest.approx(tl.bubble())
+    row = bubble_rows({2: [tl]})[0]
+    assert (row.m, row.t_comm, row.t_slot, row.cpu_share, row.imbalance) == (2, 1, 5, 1, pytest.approx(1.2))
+    assert row.wall == pytest.approx(1 - 20 / 34) and row.formula == pytest.approx(1 / 3)
+    assert row.with_comm == pytest.approx(bubble_with_comm(2, 2, 5, 1))
+    assert "t_comm" in format_bubble_rows([row])
+    with pytest.raises(ValueError, match="step 0"):
+        Timeline(2, 1, [Slot(0, 0, 0, 1, step=1), Slot(1, 0, 1, 2, step=1)]).hops()
+    with pytest.raises(ValueError, match="non-empty"):
+        bubble_rows({2: []})
+
+
 def test_bubble_shrinks_with_micro_batches():
     fractions = [bubble_fraction(4, m) for m in (1, 2, 4, 8, 32)]
     assert fractions == sorted(fractions, reverse=True)
@@ -94,6 +133,13 @@ def test_bad_input_is_rejected_before_any_process_starts():
         gpipe_schedule(2, 2, 0)
     with pytest.raises(ValueError, match="one per stage"):
         gpipe_schedule(2, 2, [1, 1, 1])
+    for bad in (-1, float("nan"), "1", True):
+        with pytest.raises(ValueError, match="t_comm"):
+            gpipe_schedule(2, 2, 1, t_comm=bad)
+        with pytest.raises(ValueError, match="t_comm"):
+            bubble_with_comm(2, 2, 1.0, bad)
+    with pytest.raises(ValueError, match="t_stage"):
+        bubble_with_comm(2, 2, 0.0, 0.1)
     assert spawned_children() == []
 
 
@@ -186,15 +232,7 @@ def _median(xs):
 
 
 def _table(measured) -> str:
-    rows = ["  m   formula   wall (median of 3)   CPU-time replay   CPU/wall"]
-    for m, tls in measured.items():
-        wall = _median([float(t.bubble()) for t in tls])
-        replay = _median([float(t.replayed().bubble()) for t in tls])
-        share = _median([t.cpu_share() for t in tls])
-        rows.append(
-            f"{m:>3}   {bubble_fraction(2, m):.3f}     {wall:.3f}                {replay:.3f}             {share:.2f}"
-        )
-    return "\n".join(rows)
+    return "medians of 3 repeats\n" + format_bubble_rows(bubble_rows(measured))
 
 
 def test_measured_bubble_cpu_replay_matches_formula(measured):
@@ -214,6 +252,6 @@ def test_measured_wall_clock_bubble_matches_formula(measured):
     share = min(_median([t.cpu_share() for t in tls]) for tls in measured.values())
     if share < 0.85:
         pytest.skip(f"cores oversubscribed (CPU/wall inside the slots {share:.2f} < 0.85):\n{_table(measured)}")
-    for m, tls in measured.items():
-        wall = _median([float(t.bubble()) for t in tls])
-        assert abs(wall - bubble_fraction(2, m)) <= 0.10, _table(measured)
+    for row in bubble_rows(measured):
+        assert abs(row.wall - row.formula) <= 0.10, _table(measured)
+        assert abs(row.wall - row.with_comm) <= 0.10, _table(measured)  # with the measured hand-off time

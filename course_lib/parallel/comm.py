@@ -10,7 +10,13 @@ row (Thakur, Rabenseifner & Gropp 2005):
 Small messages are latency-bound (α), large ones bandwidth-bound (β): a decode step of tensor
 parallelism all-reduces only batch · hidden · bytes per layer, a few kilobytes, so it pays α twice per
 layer however fast the link is. ``measure_collectives`` times gloo collectives between processes on
-this machine (inside ``launch``ed workers); ``fit_alpha_beta`` recovers α and β from them;
+this machine (inside ``launch``ed workers); ``fit_alpha_beta`` recovers α and β from them, optionally in
+two regimes: between processes on one machine the "link" is memory copies, whose cost per byte jumps where
+buffers stop being reused — gloo's all-gather and reduce-scatter allocate a temporary of the message's size
+on every call, and glibc serves blocks above its mmap threshold (at most 32 MiB on 64-bit Linux) with
+fresh pages from the kernel, one page fault per 4 KiB page — or stop fitting in the cache;
+``CollectiveTiming.page_faults`` tells which. NVLink, PCIe and InfiniBand move data by DMA between buffers
+the library allocated once (NCCL at start-up), so a datasheet link keeps one β;
 ``collective_time`` predicts for the datasheet links of ``data/interconnects.json`` (NVLink, PCIe,
 InfiniBand); ``estimate`` combines the roofline time of a model's shard with its communication for
 tensor (Megatron: two all-reduces per layer) and pipeline parallelism, and ``memory_per_device`` says
@@ -21,13 +27,29 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
-#: Message sizes from one float to 64 MiB, ×16 apart.
-DEFAULT_SIZES = (4, 64, 1024, 16 * 1024, 256 * 1024, 4 * 2**20, 64 * 2**20)
+#: Message sizes from one float to 64 MiB: ×16 apart up to 16 MiB, then closer, where a CPU's "link" changes
+#: regime (gloo's all-gather and reduce-scatter get fresh pages for their 32 MiB-and-up buffers every call).
+DEFAULT_SIZES = (
+    4,
+    64,
+    1024,
+    16 * 1024,
+    256 * 1024,
+    4 * 2**20,
+    16 * 2**20,
+    24 * 2**20,
+    32 * 2**20,
+    48 * 2**20,
+    64 * 2**20,
+)
+#: Bytes per page of memory: a freshly mapped buffer takes one page fault per page on first touch.
+PAGE_BYTES = mmap.PAGESIZE
 
 
 # ----------------------------------------------------------------------------- the model
@@ -128,22 +150,47 @@ def collective_time(op: str, nbytes: float, p: int, link_key="nvlink4") -> float
     """Predicted seconds of a ring ``op`` ("all_reduce", "all_gather", "reduce_scatter", "send") of
     ``nbytes`` over ``p`` ranks on ``link_key`` (a key of ``links()``, an Interconnect, or a fit)."""
     lk = link(link_key)
+    if isinstance(lk, AlphaBetaFit):
+        return lk.predict(op, nbytes, p)  # a measured fit may have two regimes
     return ring_time(op, nbytes, p, lk.alpha, lk.beta)
 
 
 # ----------------------------------------------------------------------------- measurement
 @dataclass(frozen=True)
 class CollectiveTiming:
-    """One measured collective: best-of-repeats seconds of the slowest rank."""
+    """One measured collective: seconds of the slowest rank (a low quantile over repeats), and the minor page
+    faults one call took (median over repeats, most faulting rank; None where the OS does not count them)."""
 
     op: str
     p: int
     nbytes: int  # all-reduce / reduce-scatter: the input vector; all-gather: the gathered output
     seconds: float
+    page_faults: float | None = None
+
+    @property
+    def fresh_page_share(self) -> float | None:
+        """Page faults × page size / nbytes: ~1 when every call wrote into a freshly mapped buffer of its size."""
+        return None if self.page_faults is None else self.page_faults * PAGE_BYTES / self.nbytes
 
 
-def _measure_worker(rank, world_size, ops, sizes, repeats, warmup):
-    """Inside a launched worker: time each op and size; every rank returns the same rows."""
+def _minor_faults() -> int | None:
+    """Minor page faults of this process so far (all its threads: gloo runs collectives on its own)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _measure_worker(rank, world_size, ops, sizes, repeats, warmup, min_time_s=0.0, max_repeats=200, quantile=0.25):
+    """Inside a launched worker: time each op and size; every rank returns the same rows.
+
+    After the warm-up the ranks agree on a number of runs per (op, size), more for fast ones (they must run
+    the same collectives in the same order, or wait for each other forever), then run them in ``repeats``
+    rounds, each round a share of every (op, size): a burst of another program's work then lands on all
+    sizes alike instead of on whichever one was being timed, and the low quantile filters it out."""
+    import math
+    import statistics
     import time
     import warnings
 
@@ -153,34 +200,50 @@ def _measure_worker(rank, world_size, ops, sizes, repeats, warmup):
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     p = world_size
+    buffers = {}
+    for size in sizes:
+        n = max(p, -(-size // 4 // p) * p)  # fp32 elements, a multiple of p so it splits evenly
+        buffers[size] = (torch.ones(n), torch.empty(n // p))  # full (n,), part (n / p,)
+    cases = [(op, size) for op in ops for size in sizes]
+
+    def timed(op, size):
+        full, part = buffers[size]
+        dist.barrier()  # start together: a collective waits for its last rank
+        f0 = _minor_faults()
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # the *_tensor names are deprecated
+            if op == "all_reduce":
+                dist.all_reduce(full)
+            elif op == "all_gather":
+                all_gather(full, part)
+            else:
+                reduce_scatter(part, full)
+        dt = time.perf_counter() - t0
+        f1 = _minor_faults()
+        return dt, (None if f0 is None else f1 - f0)
+
+    # the fastest warm-up run of each case (a slow one may have waited a scheduler tick), the same on both ranks
+    fastest = torch.tensor([min([timed(*c)[0] for _ in range(warmup)], default=0.0) for c in cases])
+    dist.all_reduce(fastest, op=dist.ReduceOp.MAX)  # (cases,)
+    per_round = {}
+    for c, t_run in zip(cases, fastest.tolist()):
+        count = repeats
+        if t_run > 0 and min_time_s > 0:
+            count = min(max(repeats, math.ceil(min_time_s / t_run)), max_repeats)
+        per_round[c] = math.ceil(count / repeats)
+    runs = {c: [] for c in cases}
+    for r in range(repeats):
+        for c in cases if r % 2 == 0 else cases[::-1]:  # alternate, so no case always follows the same one
+            runs[c].extend(timed(*c) for _ in range(per_round[c]))
     rows = []
-    for op in ops:
-        for size in sizes:
-            n = max(p, -(-size // 4 // p) * p)  # fp32 elements, a multiple of p so it splits evenly
-            full = torch.ones(n)  # (n,)
-            part = torch.empty(n // p)  # (n / p,)
-
-            def run():
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", FutureWarning)  # the *_tensor names are deprecated
-                    if op == "all_reduce":
-                        dist.all_reduce(full)
-                    elif op == "all_gather":
-                        all_gather(full, part)
-                    else:
-                        reduce_scatter(part, full)
-
-            times = []
-            for i in range(warmup + repeats):
-                dist.barrier()  # start together: a collective waits for its last rank
-                t0 = time.perf_counter()
-                run()
-                dt = time.perf_counter() - t0
-                if i >= warmup:
-                    times.append(dt)
-            slowest = torch.tensor(times, dtype=torch.float64)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # per repeat, the slowest rank's time
-            rows.append((op, p, n * 4, float(slowest.min())))  # best repeat: noise only adds time
+    for op, size in cases:
+        times = [dt for dt, _ in runs[(op, size)]]
+        faults = [f for _, f in runs[(op, size)] if f is not None]
+        stats = torch.tensor([times + [statistics.median(faults) if faults else -1.0]], dtype=torch.float64)
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # per run the slowest rank; the most faulting rank
+        typical = float(torch.quantile(stats[0, :-1], quantile))  # a low quantile: see measure_collectives
+        rows.append((op, p, buffers[size][0].numel() * 4, typical, None if stats[0, -1] < 0 else float(stats[0, -1])))
     return rows
 
 
@@ -191,11 +254,20 @@ def measure_collectives(
     *,
     repeats: int = 5,
     warmup: int = 2,
+    min_time_s: float = 0.05,
+    max_repeats: int = 200,
+    quantile: float = 0.25,
     timeout_s: float = 300.0,
 ) -> list[CollectiveTiming]:
     """Time gloo ``ops`` over ``sizes`` (bytes, rounded to whole fp32 elements, a multiple of
-    ``world_size``) between ``world_size`` local processes: after ``warmup`` runs, the best of ``repeats``
-    of the slowest rank's time, each run started after a barrier. One thread per worker."""
+    ``world_size``) between ``world_size`` local processes, one thread each; with the page faults per call.
+
+    Each run starts after a barrier and counts its slowest rank. After ``warmup`` runs come at least
+    ``repeats`` runs, more (up to ``max_repeats``) until they add up to about ``min_time_s``, and the time
+    reported is their lower quartile (``quantile``; 0 is the best run). Not the best run: on a small shared
+    machine a 300 µs collective has a fast tail of lucky runs (both ranks awake at once) that differs 1.5×
+    from one launch to the next, and a slow tail of runs that waited a scheduler tick (~4 ms); the lower
+    quartile of ~100 runs repeats within ~10%."""
     from course_lib.parallel.launcher import launch
 
     sizes = tuple(sizes)
@@ -204,9 +276,13 @@ def measure_collectives(
     ops = tuple(ops)
     if not ops or any(op not in OPS for op in ops):
         raise ValueError(f"ops must be a non-empty subset of {OPS}, got {ops!r}")
-    for name, value, low in (("repeats", repeats, 1), ("warmup", warmup, 0)):
+    for name, value, low in (("repeats", repeats, 1), ("warmup", warmup, 0), ("max_repeats", max_repeats, repeats)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    for name, value, high in (("min_time_s", min_time_s, math.inf), ("quantile", quantile, 1.0)):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or not 0 <= value <= high:
+            raise ValueError(f"{name} must be a finite number in [0, {high}], got {value!r}")
     rows = launch(
         _measure_worker,
         world_size,
@@ -214,6 +290,9 @@ def measure_collectives(
         sizes,
         repeats,
         warmup,
+        float(min_time_s),
+        max_repeats,
+        float(quantile),
         backend="gloo",
         threads_per_worker=1,
         timeout_s=timeout_s,
@@ -222,47 +301,120 @@ def measure_collectives(
 
 
 # ----------------------------------------------------------------------------- the fit
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class AlphaBetaFit:
-    """α (s per message) and β (s per byte) fitted to timings, with the timings it was fitted to."""
+    """α (s per message) and β (s per byte) fitted to timings, with the timings it was fitted to. With a knee
+    (two regimes), a message larger than ``knee_bytes`` pays ``beta_large`` per byte for all its bytes:
+    on one machine the "link" is memory copies, and their cost per byte changes with where the buffer
+    lives (fresh pages from the kernel, DRAM, cache). Datasheet links (``Interconnect``) have one β."""
 
     alpha: float
     beta: float
     timings: tuple[CollectiveTiming, ...]
     label: str = "fit"
+    knee_bytes: float | None = None  # the largest message of the first regime; None: one regime
+    beta_large: float | None = None  # s per byte of messages larger than knee_bytes
+
+    def __post_init__(self):
+        if (self.knee_bytes is None) != (self.beta_large is None):
+            raise ValueError("knee_bytes and beta_large go together: give both or neither")
+        if self.knee_bytes is not None and not (self.knee_bytes > 0 and self.beta_large >= 0):
+            raise ValueError(f"need knee_bytes > 0 and beta_large >= 0, got {self.knee_bytes!r}, {self.beta_large!r}")
 
     @property
     def gbps(self) -> float:
-        """1 / β in GB/s."""
-        return math.inf if self.beta == 0 else 1e-9 / self.beta
+        """1 / β in GB/s (below the knee, if there is one)."""
+        return _gbps(self.beta)
+
+    @property
+    def gbps_large(self) -> float | None:
+        """1 / β_large in GB/s; None without a knee."""
+        return None if self.beta_large is None else _gbps(self.beta_large)
+
+    @property
+    def knee_next_bytes(self) -> int | None:
+        """The smallest timed message above the knee: the knee lies between ``knee_bytes`` and this."""
+        if self.knee_bytes is None:
+            return None
+        return min((t.nbytes for t in self.timings if t.nbytes > self.knee_bytes), default=None)
+
+    def beta_at(self, nbytes: float) -> float:
+        """Seconds per byte for a message of ``nbytes``: β up to the knee, β_large above it."""
+        if self.knee_bytes is not None and _check_bytes(nbytes) > self.knee_bytes:
+            return self.beta_large
+        return self.beta
 
     def predict(self, op: str, nbytes: float, p: int) -> float:
-        return ring_time(op, nbytes, p, self.alpha, self.beta)
+        return ring_time(op, nbytes, p, self.alpha, self.beta_at(nbytes))
 
     def errors(self) -> list[float]:
-        """predicted / measured − 1 for each timing."""
+        """predicted / measured − 1 for each timing, in the order of ``timings``."""
         return [self.predict(t.op, t.nbytes, t.p) / t.seconds - 1 for t in self.timings]
+
+    def worst(self) -> tuple[CollectiveTiming, float]:
+        """The timing the model misses most, and its error."""
+        return max(zip(self.timings, self.errors()), key=lambda te: abs(te[1]))
 
     @property
     def worst_error(self) -> float:
         """The largest |predicted / measured − 1| over the timings."""
-        return max(abs(e) for e in self.errors())
+        return abs(self.worst()[1])
+
+    def _fault_counted(self, min_pages: int) -> list[CollectiveTiming]:
+        return [t for t in self.timings if t.page_faults is not None and t.nbytes >= min_pages * PAGE_BYTES]
+
+    def page_fault_mismatches(self, min_pages: int = 256) -> list[CollectiveTiming]:
+        """The timings on the wrong side of the knee for their page faults: above it without fresh pages
+        (fresh-page share < 0.5), or at or below it with them. Only messages of ``min_pages`` pages or more
+        count: on a smaller one a stray fault of the runtime reads as a large share. Empty without a knee."""
+        if self.knee_bytes is None:
+            return []
+        return [
+            t for t in self._fault_counted(min_pages) if (t.nbytes > self.knee_bytes) != (t.fresh_page_share >= 0.5)
+        ]
+
+    def page_fault_agreement(self, min_pages: int = 256) -> float | None:
+        """Share of the (counted) timings on the side of the knee their page faults predict; 1.0: the knee is
+        where the fresh pages start. None without a knee or without fault counts."""
+        counted = self._fault_counted(min_pages)
+        if self.knee_bytes is None or not counted:
+            return None
+        return 1 - len(self.page_fault_mismatches(min_pages)) / len(counted)
+
+    def describe(self) -> str:
+        """One line: α, β (and the knee with β_large) and the worst error."""
+        head = f"{self.label}: α = {self.alpha * 1e6:.1f} µs, β = {self.beta * 1e9:.4f} ns/B ({self.gbps:.2f} GB/s)"
+        if self.knee_bytes is not None:
+            above = self.knee_next_bytes
+            where = f"between {_fmt_bytes(self.knee_bytes)} and {_fmt_bytes(above)}" if above else "at the end"
+            head += (
+                f" up to {_fmt_bytes(self.knee_bytes)}, β_large = {self.beta_large * 1e9:.4f} ns/B "
+                f"({self.gbps_large:.2f} GB/s) above (knee {where})"
+            )
+        return f"{head}; worst error {self.worst_error * 100:.0f}%"
+
+    def __repr__(self) -> str:
+        return f"<AlphaBetaFit {self.describe()} ({len(self.timings)} timings)>"
 
     def table(self) -> str:
-        """Predicted vs measured per op and size, with the error."""
-        head = f"{'op':<15}{'p':>3}{'bytes':>12}{'measured':>12}{'predicted':>12}{'error':>8}"
-        lines = [
-            f"{self.label}: α = {self.alpha * 1e6:.1f} µs, β = {self.beta * 1e9:.4f} ns/B ({self.gbps:.2f} GB/s)",
-            head,
-            "-" * len(head),
-        ]
+        """Predicted vs measured per op and size, with the error (and the regime, with a knee)."""
+        knee = self.knee_bytes is not None
+        head = f"{'op':<15}{'p':>3}{'bytes':>12}{'measured':>12}{'predicted':>12}{'error':>8}" + (
+            f"{'regime':>8}" if knee else ""
+        )
+        lines = [self.describe(), head, "-" * len(head)]
         for t, err in zip(self.timings, self.errors()):
             pred = self.predict(t.op, t.nbytes, t.p)
-            lines.append(
-                f"{t.op:<15}{t.p:>3}{t.nbytes:>12,}{_fmt_s(t.seconds):>12}{_fmt_s(pred):>12}{err * 100:>7.0f}%"
-            )
+            row = f"{t.op:<15}{t.p:>3}{t.nbytes:>12,}{_fmt_s(t.seconds):>12}{_fmt_s(pred):>12}{err * 100:>7.0f}%"
+            if knee:
+                row += f"{'large' if t.nbytes > self.knee_bytes else 'small':>8}"
+            lines.append(row)
         lines.append(f"worst error: {self.worst_error * 100:.0f}%")
         return "\n".join(lines)
+
+
+def _gbps(beta: float) -> float:
+    return math.inf if beta == 0 else 1e-9 / beta
 
 
 def _fmt_s(seconds: float) -> str:
@@ -271,45 +423,137 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def fit_alpha_beta(timings, label: str = "fit") -> AlphaBetaFit:
-    """Least-squares α ≥ 0, β ≥ 0 of the ring model to ``timings`` (CollectiveTiming, or (op, p, nbytes,
-    seconds) tuples). Residuals are *relative* ((predicted − measured) / measured), so a 4-byte message
-    weighs as much as a 64 MB one: the goal is every size within a few tens of percent."""
+def _fmt_bytes(nbytes: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.3g} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def _nnls(design, target):
+    """min ‖design·x − target‖² over x ≥ 0, and that minimum: the optimum is the least-squares solution on
+    its own support, so with a few columns trying every support and keeping the best non-negative one is exact."""
+    import itertools
+
     import numpy as np
 
+    k = design.shape[1]
+    scale = np.abs(design).max(axis=0)  # α ~ 1e-5 and β ~ 1e-10: balance the columns
+    scale[scale == 0] = 1.0
+    d = design / scale
+    best_x, best_sse = np.zeros(k), float(target @ target)  # x = 0
+    for r in range(1, k + 1):
+        for cols in itertools.combinations(range(k), r):
+            x_s, *_ = np.linalg.lstsq(d[:, cols], target, rcond=None)
+            if (x_s < 0).any():
+                continue
+            x = np.zeros(k)
+            x[list(cols)] = x_s
+            sse = float(np.sum((d @ x - target) ** 2))
+            if sse < best_sse:
+                best_x, best_sse = x, sse
+    return best_x / scale, best_sse
+
+
+def _solve(rows, knee):
+    """(α, β, β_large, sse) of the relative least-squares fit with the regimes split at ``knee`` (None: one)."""
+    import numpy as np
+
+    coef = np.array([coefficients(t.op, t.p) for t in rows])  # (rows, 2)
+    seconds = np.array([t.seconds for t in rows])  # (rows,)
+    nbytes = np.array([t.nbytes for t in rows], dtype=float)  # (rows,)
+    per_byte = coef[:, 1] * nbytes
+    if knee is None:
+        cols = [coef[:, 0], per_byte]
+    else:
+        cols = [coef[:, 0], per_byte * (nbytes <= knee), per_byte * (nbytes > knee)]
+    design = np.stack(cols, axis=1) / seconds[:, None]  # (rows, 2 or 3): predicted / measured per parameter
+    x, sse = _nnls(design, np.ones(len(rows)))  # predicted / measured should be 1
+    return float(x[0]), float(x[1]), (float(x[2]) if knee is not None else None), sse
+
+
+def fit_alpha_beta(timings, label: str = "fit", *, knee=None) -> AlphaBetaFit:
+    """Least-squares α ≥ 0, β ≥ 0 of the ring model to ``timings`` (CollectiveTiming, or (op, p, nbytes,
+    seconds) tuples). Residuals are *relative* ((predicted − measured) / measured), so a 4-byte message
+    weighs as much as a 64 MB one: the goal is every size within a few tens of percent.
+
+    ``knee``: None, one regime (the plain α–β model); a number of bytes, two regimes split there (messages
+    larger than it get their own β_large); "auto", the split between two measured sizes that fits best with
+    β_large > β (past a knee bytes get dearer: fresh pages, out of cache), kept only if it earns its two extra
+    parameters (the Bayesian information criterion on the relative residuals) and each regime holds at
+    least two sizes — one odd point is noise, not a regime."""
     rows = tuple(t if isinstance(t, CollectiveTiming) else CollectiveTiming(*t) for t in timings)
     if len(rows) < 2:
         raise ValueError(f"need at least 2 timings to fit α and β, got {len(rows)}")
     if any(not (t.seconds > 0 and math.isfinite(t.seconds)) for t in rows):
         raise ValueError("every timing must have seconds > 0")
-    coef = np.array([coefficients(t.op, t.p) for t in rows])  # (rows, 2)
-    seconds = np.array([t.seconds for t in rows])  # (rows,)
-    design = np.stack([coef[:, 0], coef[:, 1] * [t.nbytes for t in rows]], axis=1) / seconds[:, None]  # (rows, 2)
-    target = np.ones(len(rows))  # predicted / measured should be 1
-    scale = np.abs(design).max(axis=0)  # α ~ 1e-5 and β ~ 1e-10: balance the columns
-    scale[scale == 0] = 1.0
-    (a, b), *_ = np.linalg.lstsq(design / scale, target, rcond=None)
-    a, b = a / scale[0], b / scale[1]
-    if a < 0 or b < 0:  # the constrained optimum lies on an edge: fit the other parameter alone
-        cands = []
-        for col in (0, 1):
-            x = design[:, col]
-            v = max(0.0, float(x @ target / (x @ x))) if x @ x > 0 else 0.0
-            cands.append((float(np.sum((x * v - target) ** 2)), col, v))
-        _, col, v = min(cands)
-        a, b = (v, 0.0) if col == 0 else (0.0, v)
-    return AlphaBetaFit(float(a), float(b), rows, label)
+    a, b, _, sse = _solve(rows, None)
+    plain = AlphaBetaFit(a, b, rows, label)
+    if knee is None:
+        return plain
+    sizes = sorted({t.nbytes for t in rows})
+    if knee == "auto":
+        candidates = sizes[1:-2]  # at least two sizes below or at the knee (α and β), two above (β_large)
+        if not candidates or sse <= 1e-20 * len(rows):  # too few sizes, or one regime is already exact
+            return plain
+        fits = [_solve(rows, k) + (k,) for k in candidates]
+        fits = [f for f in fits if f[2] > f[1]]  # bytes get dearer past a knee (fresh pages, out of cache)
+        if not fits:
+            return plain
+        a2, b2, bl, sse2, k = min(fits, key=lambda f: f[3])
+        n = len(rows)
+        bic_gain = n * math.log(max(sse2, 1e-300) / sse) + 2 * math.log(n)  # < 0: the knee is worth it
+        if bic_gain >= 0:
+            return plain
+        return AlphaBetaFit(a2, b2, rows, label, float(k), bl)
+    ok = isinstance(knee, (int, float)) and not isinstance(knee, bool) and math.isfinite(knee) and knee > 0
+    if not ok:
+        raise ValueError(f'knee must be None, "auto" or a number of bytes > 0, got {knee!r}')
+    if sum(s <= knee for s in sizes) < 2 or not any(s > knee for s in sizes):
+        raise ValueError(
+            f"knee={knee!r} needs at least two measured sizes at or below it and one above, got sizes {sizes}"
+        )
+    a2, b2, bl, _ = _solve(rows, knee)
+    return AlphaBetaFit(a2, b2, rows, label, float(knee), bl)
 
 
-def fit_by_op(timings, label: str = "gloo") -> dict[str, AlphaBetaFit]:
+def fit_by_op(timings, label: str = "gloo", *, knee="auto") -> dict[str, AlphaBetaFit]:
     """One fit per (op, p) present in ``timings``, keyed "all_reduce p=2" etc.: implementations differ
-    per collective (gloo's all-gather and reduce-scatter are not the ring its all-reduce is), so one
-    α, β for all of them fits none well."""
+    per collective (gloo's all-gather and reduce-scatter are not the ring its all-reduce is, and allocate a
+    buffer of the message's size per call), so one α, β for all of them fits none well. ``knee`` as in
+    ``fit_alpha_beta`` (default "auto": two regimes where the data ask for them)."""
     rows = [t if isinstance(t, CollectiveTiming) else CollectiveTiming(*t) for t in timings]
     groups: dict[str, list[CollectiveTiming]] = {}
     for t in rows:
         groups.setdefault(f"{t.op} p={t.p}", []).append(t)
-    return {key: fit_alpha_beta(group, label=f"{label} {key}") for key, group in groups.items()}
+    return {key: fit_alpha_beta(group, label=f"{label} {key}", knee=knee) for key, group in groups.items()}
+
+
+def format_by_size(fits) -> str:
+    """One row per message size, for each fit (e.g. ``fit_by_op(...).values()``): measured time, the model's
+    error, the regime ("·" below a knee, "▲" above) and the fresh-page share (page faults × page / bytes:
+    ~1 when the call wrote into memory the kernel had just mapped)."""
+    fits = [fits] if isinstance(fits, AlphaBetaFit) else list(fits)
+    if not fits or not all(isinstance(f, AlphaBetaFit) for f in fits):
+        raise ValueError("fits must be an AlphaBetaFit or a non-empty sequence of them (fit_by_op(...).values())")
+    cols = [(f, {t.nbytes: (t, e) for t, e in zip(f.timings, f.errors())}) for f in fits]
+    names = [f"{f.timings[0].op} p={f.timings[0].p}" if len({t.op for t in f.timings}) == 1 else f.label for f in fits]
+    width = 27
+    head = f"{'bytes':>12} |" + "|".join(f"{n:^{width}}" for n in names)
+    sub = f"{'':>12} |" + "|".join(f"{'measured':>10}{'error':>7}{'':>2}{'fresh':>7} " for _ in fits)
+    lines = [head, sub, "-" * len(sub)]
+    for n in sorted({t.nbytes for f in fits for t in f.timings}):
+        cells = []
+        for f, by_size in cols:
+            if n not in by_size:
+                cells.append(" " * width)
+                continue
+            t, err = by_size[n]
+            regime = "▲" if f.knee_bytes is not None and n > f.knee_bytes else "·"
+            fresh = "—" if t.fresh_page_share is None else f"{t.fresh_page_share:.2f}"
+            cells.append(f"{_fmt_s(t.seconds):>10}{err * 100:>6.0f}%{regime:>2}{fresh:>7} ")
+        lines.append(f"{_fmt_bytes(n):>12} |" + "|".join(cells))
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- parallel LLM inference
@@ -525,23 +769,39 @@ def _figure(figsize=(7, 4)):
     return fig
 
 
-def plot_alpha_beta(fit: AlphaBetaFit, links_to_show=("nvlink4", "pcie4_x16")):
-    """Measured times (markers) and the fitted model (lines) per op against message size, log-log; the
-    datasheet links' all-reduce predictions dashed for scale. Returns a matplotlib Figure."""
+def plot_alpha_beta(fit, links_to_show=("nvlink4", "pcie4_x16"), marks=None):
+    """Measured times (markers) and the fitted model (lines) per op against message size, log-log, for one
+    ``AlphaBetaFit`` or several (e.g. ``fit_by_op(...).values()``); a fit's knee as a dotted vertical line,
+    ``marks`` ({label: bytes}, e.g. the last-level cache) dashed grey; the datasheet links' all-reduce
+    predictions dashed for scale. Returns a matplotlib Figure."""
     import numpy as np
 
+    fits = [fit] if isinstance(fit, AlphaBetaFit) else list(fit)
+    if not fits or not all(isinstance(f, AlphaBetaFit) for f in fits):
+        raise ValueError("fit must be an AlphaBetaFit or a non-empty sequence of them (fit_by_op(...).values())")
     fig = _figure()
     ax = fig.add_subplot()
-    sizes = np.array(sorted({t.nbytes for t in fit.timings}), dtype=float)
-    x = np.logspace(np.log10(sizes.min()), np.log10(sizes.max()), 100)
-    for op, marker in zip(OPS, "osD"):
-        points = [t for t in fit.timings if t.op == op]
-        if not points:
-            continue
-        p = points[0].p
-        (line,) = ax.plot([t.nbytes for t in points], [t.seconds for t in points], marker, label=f"{op} measured")
-        ax.plot(x, [fit.predict(op, n, p) for n in x], "-", color=line.get_color(), label=f"{op} α–β fit")
-    p = fit.timings[0].p
+    timings = [t for f in fits for t in f.timings]
+    sizes = np.array(sorted({t.nbytes for t in timings}), dtype=float)
+    x = np.logspace(np.log10(sizes.min()), np.log10(sizes.max()), 200)
+    markers = dict(zip(OPS, "osD"))
+    for f in fits:
+        for op in OPS:
+            points = [t for t in f.timings if t.op == op]
+            if not points:
+                continue
+            p = points[0].p
+            (line,) = ax.plot(
+                [t.nbytes for t in points], [t.seconds for t in points], markers[op], label=f"{op} measured"
+            )
+            model = "two-regime α–β fit" if f.knee_bytes is not None else "α–β fit"
+            ax.plot(x, [f.predict(op, n, p) for n in x], "-", color=line.get_color(), label=f"{op} {model}")
+            if f.knee_bytes is not None:
+                ax.axvline(f.knee_bytes, color=line.get_color(), ls=":", lw=1)
+    for name, nbytes in (marks or {}).items():
+        ax.axvline(nbytes, color="grey", ls="--", lw=1)
+        ax.text(nbytes, 0.02, f"{name} ", transform=ax.get_xaxis_transform(), fontsize=7, color="grey", ha="right")
+    p = timings[0].p
     for key in links_to_show:
         lk = link(key)
         ax.plot(x, [collective_time("all_reduce", n, p, lk) for n in x], "--", lw=1, label=f"all_reduce, {lk.name}")
@@ -549,9 +809,16 @@ def plot_alpha_beta(fit: AlphaBetaFit, links_to_show=("nvlink4", "pcie4_x16")):
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("seconds")
-    ax.set_title(f"{fit.label}: α = {fit.alpha * 1e6:.0f} µs, 1/β = {fit.gbps:.2f} GB/s (p = {p})")
+    if len(fits) == 1:
+        f = fits[0]
+        title = f"{f.label}: α = {f.alpha * 1e6:.0f} µs, 1/β = {f.gbps:.2f} GB/s"
+        if f.knee_bytes is not None:
+            title += f", above {_fmt_bytes(f.knee_bytes)} {f.gbps_large:.2f} GB/s"
+    else:
+        title = "measured (markers) and fitted (lines); dotted: a fit's knee"
+    ax.set_title(f"{title} (p = {p})", fontsize=9)
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6)
     return fig
 
 
@@ -586,6 +853,7 @@ def plot_plan(plan: list[ParallelEstimate]):
 __all__ = [
     "DEFAULT_SIZES",
     "OPS",
+    "PAGE_BYTES",
     "AlphaBetaFit",
     "CollectiveTiming",
     "Interconnect",
@@ -596,6 +864,7 @@ __all__ = [
     "estimate",
     "fit_alpha_beta",
     "fit_by_op",
+    "format_by_size",
     "format_plan",
     "interconnects_path",
     "link",

@@ -10,17 +10,23 @@ micro-batch j in time slot s + j, every stage is busy m of the m + p − 1 slots
 
 Per stage the work is the same kind as the whole model's (prefill compute-bound, decode bandwidth-bound on
 its own layers' weights), on 1/p of the layers; what pipelining adds is the bubble and one activation
-transfer per micro-batch per stage boundary. Each worker loads the whole checkpoint (a tiny one here) but
-touches only its slice of layers. Introduced in 07_parallelism.ipynb.
+transfer per micro-batch per stage boundary. A stage posts the receives of a whole step up front, so a
+transfer lands while it computes; the first micro-batch's hand-off still delays each next stage once, by
+t_comm, and ``bubble_with_comm`` is the formula with it. Each worker loads the whole checkpoint (a tiny one
+here) but touches only its slice of layers. Introduced in 07_parallelism.ipynb.
 
     tl = gpipe_schedule(p=4, m=8)                     # simulated: no processes, drawn instantly
     tl.bubble() == bubble_fraction(4, 8)              # 3/11
+    runs = measure_bubble("tiny-target", prompts, p=2, ms=(1, 2, 4))              # measured, 2 processes
+    print(format_bubble_rows(bubble_rows(runs)))      # formula, + t_comm, wall clock, CPU-time replay
     res = pipeline_generate("tiny-target", prompts, p=2, m=4, max_new_tokens=8)   # spawns 2 processes
     plot_timeline(res.timeline)
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,6 +52,23 @@ def bubble_fraction(p: int, m: int) -> float:
     _check_count("p (pipeline stages)", p)
     _check_count("m (micro-batches)", m)
     return (p - 1) / (m + p - 1)
+
+
+def _check_time(name: str, value, minimum_exclusive: bool = False):
+    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (minimum_exclusive and value == 0):
+        raise ValueError(f"{name} must be a finite number {'> 0' if minimum_exclusive else '>= 0'}, got {value!r}")
+    return value
+
+
+def bubble_with_comm(p: int, m: int, t_stage, t_comm) -> float:
+    """The bubble when each hand-off between stages takes ``t_comm`` (overlapped with the sender's next
+    micro-batch, so paid once per stage boundary, in the fill): (p − 1)(t + c) / ((m + p − 1)·t + (p − 1)·c),
+    t = ``t_stage`` the time of one micro-batch on one stage. c = 0 gives ``bubble_fraction``."""
+    _check_count("p (pipeline stages)", p)
+    _check_count("m (micro-batches)", m)
+    t, c = _check_time("t_stage", t_stage, True), _check_time("t_comm", t_comm)
+    return (p - 1) * (t + c) / ((m + p - 1) * t + (p - 1) * c)
 
 
 def stage_bounds(num_layers: int, p: int) -> list[tuple[int, int]]:
@@ -125,29 +148,67 @@ class Timeline:
             raise ValueError("cpu_share needs measured slots (a simulated timeline has no CPU times)")
         return sum(s.cpu for s in self.slots) / sum(s.end - s.start for s in self.slots)
 
-    def replayed(self) -> Timeline:
+    def replayed(self, t_comm: float = 0.0) -> Timeline:
         """The same schedule re-timed with each slot's CPU time (``gpipe_schedule`` with measured durations):
-        the run as it would go with a dedicated core per stage and free communication. One-step timelines only."""
+        the run as it would go with a dedicated core per stage, and hand-offs that take ``t_comm`` (default:
+        free). One-step timelines only."""
         if any(s.cpu is None for s in self.slots) or any(s.step for s in self.slots):
             raise ValueError("replayed needs the measured slots of one prefill (step 0 only)")
         cpu = {(s.stage, s.micro): s.cpu for s in self.slots}
         t = [[max(cpu[(st, j)], 1e-9) for j in range(self.micro_batches)] for st in range(self.stages)]
-        replay = gpipe_schedule(self.stages, self.micro_batches, t)
+        replay = gpipe_schedule(self.stages, self.micro_batches, t, t_comm)
         replay.unit = "s"
         return replay
+
+    def _slot_map(self) -> dict[tuple[int, int], Slot]:
+        if any(s.step for s in self.slots):
+            raise ValueError("needs the slots of one prefill (step 0 only): use only_step(0) first")
+        return {(s.stage, s.micro): s for s in self.slots}
+
+    def imbalance(self) -> float:
+        """The busiest stage's busy time ÷ the mean stage's: 1 for equal stages, as the formula assumes (the
+        last stage also runs the LM head, the first the embedding)."""
+        busy = [self.busy(s) for s in range(self.stages)]
+        return max(busy) * self.stages / sum(busy)
+
+    def mean_slot(self) -> float:
+        """Mean busy time of one micro-batch on one stage: the t of the formulas."""
+        if not self.slots:
+            raise ValueError("an empty timeline has no slots")
+        return sum((s.end - s.start for s in self.slots), 0) / len(self.slots)
+
+    def hops(self) -> dict[tuple[int, int], float]:
+        """{(s, j): time from stage s finishing micro-batch j to stage s + 1 starting it}: the hand-off, plus
+        queueing when stage s + 1 was still busy with j − 1."""
+        slot = self._slot_map()
+        return {
+            (s, j): slot[(s + 1, j)].start - slot[(s, j)].end
+            for s in range(self.stages - 1)
+            for j in range(self.micro_batches)
+        }
+
+    def first_hop(self) -> float:
+        """The hand-off time t_comm: the first micro-batch's hop, averaged over the stage boundaries (the next
+        stage is idle, waiting for it, so there is no queueing in it); 0 for one stage."""
+        if self.stages == 1:
+            return 0.0
+        hops = self.hops()
+        return sum(hops[(s, 0)] for s in range(self.stages - 1)) / (self.stages - 1)
 
     def only_step(self, step: int) -> Timeline:
         """The slots of one step (0 = prefill) as a timeline of their own."""
         return Timeline(self.stages, self.micro_batches, [s for s in self.slots if s.step == step], self.unit)
 
 
-def gpipe_schedule(p: int, m: int, t_stage: Real | Sequence = 1.0) -> Timeline:
+def gpipe_schedule(p: int, m: int, t_stage: Real | Sequence = 1.0, t_comm: Real = 0) -> Timeline:
     """The GPipe forward schedule, simulated: stage s starts micro-batch j when stage s − 1 has finished it
-    and stage s has finished j − 1. ``t_stage``: the time of one micro-batch on one stage — one number for
-    all, one per stage (p numbers), or one per stage and micro-batch (p lists of m). With equal times stage s
-    runs j in slot s + j, and ``bubble()`` equals ``bubble_fraction(p, m)`` (exactly, for exact numbers)."""
+    and its activations have arrived (``t_comm`` later), and stage s has finished j − 1. ``t_stage``: the time
+    of one micro-batch on one stage — one number for all, one per stage (p numbers), or one per stage and
+    micro-batch (p lists of m). With equal times and t_comm = 0 stage s runs j in slot s + j, and ``bubble()``
+    equals ``bubble_fraction(p, m)`` (exactly, for exact numbers); with t_comm, ``bubble_with_comm``."""
     _check_count("p (pipeline stages)", p)
     _check_count("m (micro-batches)", m)
+    _check_time("t_comm", t_comm)
     if isinstance(t_stage, Sequence):
         if len(t_stage) != p:
             raise ValueError(
@@ -164,7 +225,7 @@ def gpipe_schedule(p: int, m: int, t_stage: Real | Sequence = 1.0) -> Timeline:
     slots = []
     for s in range(p):
         for j in range(m):
-            start = max(end[s - 1][j] if s else 0, end[s][j - 1] if j else 0)
+            start = max(end[s - 1][j] + t_comm if s else 0, end[s][j - 1] if j else 0)
             end[s][j] = start + rows[s][j]
             slots.append(Slot(s, j, start, end[s][j]))
     return Timeline(p, m, slots, unit="time units")
@@ -274,27 +335,38 @@ def _run_stage(model, rank: int, p: int, prompts, micro, max_new_tokens: int, wa
     t0_tensor = torch.tensor([time.perf_counter()], dtype=torch.float64)
     dist.broadcast(t0_tensor, src=0)
     t0 = t0_tensor.item()
+    m = len(micro)
     with torch.inference_mode():
         for step in range(max_new_tokens):
+            # post every receive of the step up front (tag: step and micro-batch): a message then lands while
+            # this stage computes, instead of waiting for a rendezvous with the sender when recv is called
+            inbox = {}
+            for j, idx in enumerate(micro):
+                if not is_first:
+                    n = sum(len(prompts[i]) for i in idx) if step == 0 else len(idx)
+                    buf = torch.empty(n, D, dtype=model.dtype, device=dev)  # (N, D) from the previous stage
+                    inbox[j] = (dist.irecv(buf, src=rank - 1, tag=step * m + j), buf)
+                elif step > 0 and p > 1:
+                    buf = torch.empty(len(idx), dtype=torch.long, device=dev)  # (b,) last step's tokens
+                    inbox[j] = (dist.irecv(buf, src=p - 1, tag=step * m + j), buf)
             for j, idx in enumerate(micro):
                 if step == 0:
                     lens, starts = [len(prompts[i]) for i in idx], [0] * len(idx)
                 else:
                     lens, starts = [1] * len(idx), [len(prompts[i]) + step - 1 for i in idx]
-                N = sum(lens)
                 if is_first:
                     if step == 0:
                         ids = torch.tensor([t for i in idx for t in prompts[i]], device=dev)  # (N,)
                     elif p == 1:
                         ids = local_ids[j]
                     else:
-                        ids = torch.empty(len(idx), dtype=torch.long, device=dev)  # (b,) last step's tokens
-                        dist.recv(ids, src=p - 1)
+                        work, ids = inbox.pop(j)
+                        work.wait()
                     t_start, c_start = time.perf_counter(), time.thread_time()
                     x = model.embed(ids)  # (N, D)
                 else:
-                    x = torch.empty(N, D, dtype=model.dtype, device=dev)  # (N, D) from the previous stage
-                    dist.recv(x, src=rank - 1)
+                    work, x = inbox.pop(j)
+                    work.wait()  # (N, D) activations of the previous stage
                     t_start, c_start = time.perf_counter(), time.thread_time()
                 positions = torch.tensor([s + k for s, n in zip(starts, lens) for k in range(n)], device=dev)  # (N,)
                 hs = [handles[i] for i in idx]
@@ -315,11 +387,11 @@ def _run_stage(model, rank: int, p: int, prompts, micro, max_new_tokens: int, wa
                         if p == 1:
                             local_ids[j] = new
                         else:
-                            pending.append((dist.isend(new, dst=0), new))
+                            pending.append((dist.isend(new, dst=0, tag=(step + 1) * m + j), new))
                 else:
                     t_end, c_end = time.perf_counter(), time.thread_time()
                     x = x.contiguous()
-                    pending.append((dist.isend(x, dst=rank + 1), x))
+                    pending.append((dist.isend(x, dst=rank + 1, tag=step * m + j), x))
                 slots.append(Slot(rank, j, t_start - t0, t_end - t0, step, c_end - c_start))
                 pending = [(w, t) for w, t in pending if not w.is_completed()]  # drop the buffers already sent
     for work, _ in pending:
@@ -445,7 +517,11 @@ def measure_bubble(
     timeout_s: float = 120.0,
 ) -> dict[int, list[Timeline]]:
     """Measured GPipe prefills of ``prompts`` on p stages, for each m in ``ms``: {m: [Timeline] × repeats}
-    (one process launch for all; a warm-up pass first). Compare ``Timeline.bubble()`` with ``bubble_fraction``."""
+    (one process launch for all; a warm-up pass first). Compare ``Timeline.bubble()`` with ``bubble_fraction``
+    and ``bubble_with_comm`` (``bubble_rows`` does it for every m). The formula holds when a micro-batch's
+    compute dwarfs the fixed costs each one adds — the hand-off between processes (hundreds of µs with gloo
+    on a CPU), the last stage's LM head, Python: give each sequence tens of tokens, not a few (8 prompts of
+    64 tokens keep tiny-target's slots at milliseconds up to m = 8)."""
     from course_lib.parallel.launcher import launch
 
     ms = list(ms)
@@ -465,13 +541,77 @@ def measure_bubble(
     return {m: [Timeline(p, m, [s for r in results for s in r[m][k]]) for k in range(repeats)] for m in ms}
 
 
+@dataclass(frozen=True)
+class BubbleRow:
+    """One m of a ``measure_bubble`` run: the formulas beside the measurements (medians over the repeats)."""
+
+    m: int
+    formula: float  # (p − 1)/(m + p − 1): equal stages, free hand-offs
+    with_comm: float  # bubble_with_comm(p, m, t_slot, t_comm): equal stages, measured hand-off time
+    wall: float  # the measured timeline
+    replay: float  # the schedule re-timed with each slot's CPU time, free hand-offs
+    replay_comm: float  # ... and hand-offs of t_comm: the measured work and communication, no other program
+    t_slot: float  # mean seconds of one micro-batch on one stage
+    t_comm: float  # seconds of the first micro-batch's hand-off (Timeline.first_hop)
+    cpu_share: float  # CPU / wall time inside the slots
+    imbalance: float  # busiest stage ÷ mean stage (Timeline.imbalance)
+
+
+def bubble_rows(runs: dict[int, list[Timeline]]) -> list[BubbleRow]:
+    """``measure_bubble``'s result as one row per m."""
+    if not runs or any(not tls for tls in runs.values()):
+        raise ValueError("runs must map each m to a non-empty list of measured Timelines (from measure_bubble)")
+    rows = []
+    for m, tls in runs.items():
+        p = tls[0].stages
+
+        def med(f):
+            return statistics.median(float(f(t)) for t in tls)
+
+        t_comm = med(lambda t: max(t.first_hop(), 0.0))
+        rows.append(
+            BubbleRow(
+                m,
+                bubble_fraction(p, m),
+                med(lambda t: bubble_with_comm(p, m, t.mean_slot(), max(t.first_hop(), 0.0))),
+                med(lambda t: t.bubble()),
+                med(lambda t: t.replayed().bubble()),
+                med(lambda t: t.replayed(max(t.first_hop(), 0.0)).bubble()),
+                med(lambda t: t.mean_slot()),
+                t_comm,
+                med(lambda t: t.cpu_share()),
+                med(lambda t: t.imbalance()),
+            )
+        )
+    return rows
+
+
+def format_bubble_rows(rows: Sequence[BubbleRow]) -> str:
+    """The rows of ``bubble_rows`` as a table."""
+    head = (
+        f"{'m':>3}{'formula':>9}{'+ t_comm':>10}{'wall clock':>12}{'CPU replay':>12}{'+ t_comm':>10}"
+        f"{'slot ms':>9}{'t_comm ms':>11}{'CPU/wall':>10}{'imbalance':>11}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r.m:>3}{r.formula:>9.3f}{r.with_comm:>10.3f}{r.wall:>12.3f}{r.replay:>12.3f}{r.replay_comm:>10.3f}"
+            f"{r.t_slot * 1e3:>9.2f}{r.t_comm * 1e3:>11.2f}{r.cpu_share:>10.2f}{r.imbalance:>11.2f}"
+        )
+    return "\n".join(lines)
+
+
 __all__ = [
+    "BubbleRow",
     "PipelineResult",
     "Slot",
     "StageBackend",
     "Timeline",
     "bubble_fraction",
+    "bubble_rows",
+    "bubble_with_comm",
     "bubble_worker",
+    "format_bubble_rows",
     "gpipe_schedule",
     "load_engine_model",
     "measure_bubble",

@@ -261,22 +261,38 @@ class EngineProcess:
     sends back one message per step: that step's tokens for every request as plain tuples, plus the gauges
     (waiting, running, KV bytes) that ``/metrics`` shows. Same interface as ``EngineLoop`` (``start``,
     ``stop``, ``submit``, ``abort``, ``abort_all``, ``call``, ``alive``, ``steps``, ``step_errors``);
-    ``call(fn)`` needs a picklable ``fn`` (a module-level function, not a lambda). If the child dies, every
+    ``call(fn)`` needs a picklable ``fn`` (a module-level function, not a lambda). ``cpus``: pin the child
+    to these CPUs (``os.sched_setaffinity``), e.g. to keep it off the core that runs the HTTP side. If the child dies, every
     live request gets a 500 and ``alive`` turns False."""
 
     def __init__(
-        self, model="tiny-target", *, threads: int | None = 1, startup_timeout_s: float = 120.0, **engine_kwargs
+        self,
+        model="tiny-target",
+        *,
+        threads: int | None = 1,
+        cpus=None,
+        startup_timeout_s: float = 120.0,
+        **engine_kwargs,
     ):
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be None or an int ≥ 1, got {threads!r}")
         if not (isinstance(startup_timeout_s, (int, float)) and startup_timeout_s > 0):
             raise ValueError(f"startup_timeout_s must be a number > 0, got {startup_timeout_s!r}")
+        if cpus is not None:
+            import os
+
+            cpus = set(cpus) if not isinstance(cpus, (str, bytes)) and hasattr(cpus, "__iter__") else cpus
+            allowed = set(range(os.cpu_count() or 1)) if hasattr(os, "sched_setaffinity") else set()
+            if not isinstance(cpus, set) or not cpus or not cpus <= allowed:
+                raise ValueError(
+                    f"cpus must be None or a non-empty set of this machine's CPUs {sorted(allowed)}, got {cpus!r}"
+                )
         if not isinstance(model, (str, bytes)) and not hasattr(model, "__fspath__"):
             raise ValueError(
                 f"model must be a model name or folder (the child process builds the engine), got {type(model).__name__}"
             )
         self.engine_kwargs = {"model": str(model), **engine_kwargs}
-        self.threads, self.startup_timeout_s = threads, startup_timeout_s
+        self.threads, self.cpus, self.startup_timeout_s = threads, cpus, startup_timeout_s
         self.metrics: ServerMetrics | None = None
         self.tokenizer = None
         self.max_model_len: int | None = None
@@ -307,7 +323,7 @@ class EngineProcess:
         parent, child = ctx.Pipe(duplex=True)
         proc = ctx.Process(
             target=_engine_process_main,
-            args=(child, self.engine_kwargs, self.threads),
+            args=(child, self.engine_kwargs, self.threads, self.cpus),
             name="course-engine",
             daemon=True,
         )
@@ -461,7 +477,7 @@ class EngineProcess:
             m.kv_reserved.set(kv_reserved)
 
 
-def _engine_process_main(conn, engine_kwargs: dict, threads: int | None) -> None:
+def _engine_process_main(conn, engine_kwargs: dict, threads: int | None, cpus: set[int] | None = None) -> None:
     """The child of ``EngineProcess``: build the engine, then take commands between steps and send each step's
     tokens back as one message."""
     import traceback
@@ -469,6 +485,8 @@ def _engine_process_main(conn, engine_kwargs: dict, threads: int | None) -> None
     try:
         import torch
 
+        if cpus:
+            __import__("os").sched_setaffinity(0, cpus)
         if threads:
             torch.set_num_threads(threads)
         from course_lib.engine import Engine
