@@ -338,6 +338,9 @@ def test_engine_process_bad_arguments():
         EngineProcess(object())
     with pytest.raises(ValueError, match="startup_timeout_s"):
         EngineProcess("tiny-target", startup_timeout_s=0)
+    for cpus in ({10_000}, set(), "0"):
+        with pytest.raises(ValueError, match="cpus must be"):
+            EngineProcess("tiny-target", cpus=cpus)
 
 
 def test_engine_process_serves_the_same_text_and_stops_clean(refs):
