@@ -159,6 +159,9 @@ print("worker processes still alive:", multiprocessing.active_children())
 # exchanging through memory with gloo. The fit below is made per collective, and may split the sizes in two
 # regimes: past a **knee** every byte costs β_large instead of β. It keeps a knee only where the data ask
 # for one (two or more sizes on each side, and a better fit than its two extra numbers alone would buy).
+# Each time is the median over three launches of the workers: where the two processes land and how their
+# wake-ups line up shift a small message's latency by ±20% for a whole launch, more than any number of
+# repeats inside one launch can average away.
 #
 # *Predict:* the all-reduce of 1 MB between two local processes: closer to 1 µs, 100 µs or 10 ms?
 
@@ -168,7 +171,7 @@ my_allreduce_1mb_ms = None
 # %%
 # NBVAL_IGNORE_OUTPUT
 sizes = pick(sorted({*comm.DEFAULT_SIZES, 2**20}), sorted({*(2**k for k in range(2, 27, 2)), *comm.DEFAULT_SIZES}))
-timings = comm.measure_collectives(2, sizes, comm.OPS, repeats=pick(5, 7), min_time_s=pick(0.03, 0.1))
+timings = comm.measure_collectives(2, sizes, comm.OPS, repeats=pick(5, 7), min_time_s=pick(0.03, 0.1), launches=3)
 fits = {f.timings[0].op: f for f in comm.fit_by_op(timings).values()}  # by op name; knees where the data ask
 plain = {op: comm.fit_alpha_beta(f.timings) for op, f in fits.items()}  # one β for every size
 for op, fit in fits.items():

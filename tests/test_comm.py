@@ -224,7 +224,7 @@ def test_plots_draw_on_their_own_figure():
 
 def test_tiny_real_measurement():
     rows = comm.measure_collectives(
-        2, sizes=(64, 2**16), ops=("all_reduce", "all_gather"), repeats=2, warmup=1, min_time_s=0.01
+        2, sizes=(64, 2**16), ops=("all_reduce", "all_gather"), repeats=2, warmup=1, min_time_s=0.01, launches=2
     )
     assert [(r.op, r.p) for r in rows] == [("all_reduce", 2)] * 2 + [("all_gather", 2)] * 2
     assert all(r.seconds > 0 and math.isfinite(r.seconds) for r in rows)
@@ -242,3 +242,5 @@ def test_tiny_real_measurement():
         comm.measure_collectives(2, min_time_s=-1)
     with pytest.raises(ValueError, match="max_repeats"):
         comm.measure_collectives(2, repeats=5, max_repeats=3)
+    with pytest.raises(ValueError, match="launches"):
+        comm.measure_collectives(2, launches=0)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import statistics
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -257,6 +258,7 @@ def measure_collectives(
     min_time_s: float = 0.05,
     max_repeats: int = 200,
     quantile: float = 0.25,
+    launches: int = 1,
     timeout_s: float = 300.0,
 ) -> list[CollectiveTiming]:
     """Time gloo ``ops`` over ``sizes`` (bytes, rounded to whole fp32 elements, a multiple of
@@ -267,7 +269,10 @@ def measure_collectives(
     reported is their lower quartile (``quantile``; 0 is the best run). Not the best run: on a small shared
     machine a 300 µs collective has a fast tail of lucky runs (both ranks awake at once) that differs 1.5×
     from one launch to the next, and a slow tail of runs that waited a scheduler tick (~4 ms); the lower
-    quartile of ~100 runs repeats within ~10%."""
+    quartile of ~100 runs repeats within ~10%. What a launch cannot average away is the launch itself: which
+    cores the two workers land on and how their wake-ups line up shift a small message's latency by ±20%
+    for the whole launch. ``launches`` > 1 starts the workers that many times and reports, per op and size,
+    the median over launches (of the time and of the page faults)."""
     from course_lib.parallel.launcher import launch
 
     sizes = tuple(sizes)
@@ -276,28 +281,45 @@ def measure_collectives(
     ops = tuple(ops)
     if not ops or any(op not in OPS for op in ops):
         raise ValueError(f"ops must be a non-empty subset of {OPS}, got {ops!r}")
-    for name, value, low in (("repeats", repeats, 1), ("warmup", warmup, 0), ("max_repeats", max_repeats, repeats)):
+    for name, value, low in (
+        ("repeats", repeats, 1),
+        ("warmup", warmup, 0),
+        ("max_repeats", max_repeats, repeats),
+        ("launches", launches, 1),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     for name, value, high in (("min_time_s", min_time_s, math.inf), ("quantile", quantile, 1.0)):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not ok or not 0 <= value <= high:
             raise ValueError(f"{name} must be a finite number in [0, {high}], got {value!r}")
-    rows = launch(
-        _measure_worker,
-        world_size,
-        ops,
-        sizes,
-        repeats,
-        warmup,
-        float(min_time_s),
-        max_repeats,
-        float(quantile),
-        backend="gloo",
-        threads_per_worker=1,
-        timeout_s=timeout_s,
-    )[0]
-    return [CollectiveTiming(*row) for row in rows]
+    per_launch = [
+        launch(
+            _measure_worker,
+            world_size,
+            ops,
+            sizes,
+            repeats,
+            warmup,
+            float(min_time_s),
+            max_repeats,
+            float(quantile),
+            backend="gloo",
+            threads_per_worker=1,
+            timeout_s=timeout_s,
+        )[0]
+        for _ in range(launches)
+    ]
+    out = []
+    for rows in zip(*per_launch):  # the same (op, p, nbytes) from every launch
+        op, p, nbytes = rows[0][:3]
+        faults = [r[4] for r in rows if r[4] is not None]
+        out.append(
+            CollectiveTiming(
+                op, p, nbytes, statistics.median(r[3] for r in rows), statistics.median(faults) if faults else None
+            )
+        )
+    return out
 
 
 # ----------------------------------------------------------------------------- the fit
