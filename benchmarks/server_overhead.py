@@ -8,6 +8,7 @@ rounds so that a burst of load on the machine hits all three alike:
   thread server   ``serve(Engine)``: uvicorn and the engine loop thread in this process (one GIL);
   process server  ``serve(EngineProcess)``: the engine steps in a child process (vLLM's AsyncLLM layout).
 The load generator (httpx, streaming) runs in this process in both server cases, as a client would.
+An untimed warm-up round comes first (each engine meets its first batch shapes and packs its weights then).
 Prints each round's p50 TPOT and TTFT, then the median over rounds and a PASS/MISS for each server against
 the goal (≤ 10% over in-process). Greedy outputs are checked identical across the three. Not a test.
 """
@@ -31,8 +32,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="output tokens per request (EOS ignored)")
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup-rounds", type=int, default=1, help="untimed rounds first")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of every engine")
     ap.add_argument("--goal", type=float, default=0.10)
+    ap.add_argument("--pin-child", action="store_true", help="pin only the engine process, to the last CPU")
     ap.add_argument("--no-thread-server", action="store_true", help="compare in-process with the process server only")
     ap.add_argument(
         "--pin",
@@ -41,7 +44,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cpus = None
+    cpus = {max(__import__("os").sched_getaffinity(0))} if args.pin_child else None
     if args.pin:
         import os
 
@@ -76,7 +79,7 @@ def main() -> None:
         if args.no_thread_server:
             del runs["thread server"]
         print(f"{'round':<6}{'run':<16}{'TPOT p50 ms':>12}{'TTFT p50 ms':>12}{'tok/s':>8}")
-        for r in range(args.rounds):
+        for r in range(-args.warmup_rounds, args.rounds):  # negative rounds warm up (first shapes, packed weights)
             for name in runs:
                 if name == "in-process":
                     res = loadgen.measure_engine(eng, reqs, slo=slo)
@@ -85,6 +88,8 @@ def main() -> None:
                 bad = [x.error for x in res.results if not x.ok]
                 if bad:
                     raise SystemExit(f"{name}: {len(bad)} requests failed, e.g. {bad[0]}")
+                if r < 0:
+                    continue
                 runs[name].append(res)
                 print(
                     f"{r:<6}{name:<16}{res.p('tpot') * 1e3:>12.2f}{res.p('ttft') * 1e3:>12.1f}"

@@ -242,7 +242,10 @@ else:
     print(
         f"  continuous ÷ static = {gpu_measured:.2f}× (its simulator, calibrated there, predicted {cs['gain_sim']:.2f}×)"
     )
-claim("on a real GPU, continuous batching gives ≥ 3× static's throughput", gpu_measured, at_least=3.0)
+    verdict = "meets" if gpu_measured >= 3.0 else "misses"
+    print(f"that stored measurement {verdict} the ≥ 3× mark (a quoted figure, not this machine's: no verdict here)")
+if CUDA and course_lib.mode() == "full":
+    claim("on a real GPU, continuous batching gives ≥ 3× static's throughput", gpu_measured, at_least=3.0)
 
 # %% [markdown]
 # Continuous batching gains in two ways: a finished request's slot is refilled at the next step instead of
@@ -523,7 +526,7 @@ from openai import OpenAI  # noqa: E402
 from course_lib.serving import loadgen, server  # noqa: E402
 
 requests = loadgen.schedule(
-    [loadgen.TimedRequest(0.0, engine.tokenizer.decode(pool[i * 40 : i * 40 + 32]), 32) for i in range(pick(16, 48))],
+    [loadgen.TimedRequest(0.0, engine.tokenizer.decode(pool[i * 40 : i * 40 + 32]), 32) for i in range(pick(12, 48))],
     rate=8.0,
     seed=0,
 )
@@ -544,10 +547,18 @@ with (
         )
     ]
     print(f"streamed in {len(pieces)} chunks; same text: {''.join(pieces) == done.choices[0].text}")
-    for _ in range(pick(2, 3)):  # interleaved rounds: a burst of load on the machine hits all three alike
-        runs["in-process"].append(loadgen.measure_engine(in_process_engine, requests, slo=SLO_))
-        runs["thread server"].append(loadgen.run_load(thread_handle.url, requests, slo=SLO_))
-        runs["process server"].append(loadgen.run_load(handle.url, requests, slo=SLO_))
+    # an untimed warm-up burst first: each engine meets its first batch shapes and packs its weights for the
+    # CPU kernels then; then interleaved rounds, so a burst of load on the machine hits all three alike
+    for r, reqs in enumerate([requests[:8]] + [requests] * pick(2, 3)):
+        reqs = loadgen.schedule([(q.prompt, 8) for q in reqs]) if r == 0 else reqs  # all at once, 8 tokens each
+        results = {
+            "in-process": loadgen.measure_engine(in_process_engine, reqs, slo=SLO_),
+            "thread server": loadgen.run_load(thread_handle.url, reqs, slo=SLO_),
+            "process server": loadgen.run_load(handle.url, reqs, slo=SLO_),
+        }
+        for name, res in results.items():
+            if r > 0:
+                runs[name].append(res)
     import httpx  # noqa: E402
 
     metrics = httpx.get(handle.url + "/metrics").text
@@ -556,7 +567,8 @@ tpot = {name: float(np.median([r.p("tpot") for r in rs])) for name, rs in runs.i
 overhead = {name: tpot[name] / tpot["in-process"] - 1 for name in ("thread server", "process server")}
 print(f"\nmedian over rounds of p50 TPOT: in-process {tpot['in-process'] * 1e3:.2f} ms")
 for name, rel in overhead.items():
-    print(f"  {name:<15} {tpot[name] * 1e3:.2f} ms → {rel:+.0%}")
+    rounds = " ".join(f"{r.p('tpot') / b.p('tpot') - 1:+.0%}" for r, b in zip(runs[name], runs["in-process"]))
+    print(f"  {name:<15} {tpot[name] * 1e3:.2f} ms → {rel:+.0%}   (round by round: {rounds})")
 lower = min(overhead, key=overhead.get)
 print(f"  the lower overhead in this run: the {lower}")
 print(
@@ -584,8 +596,9 @@ claim(
     "with the engine in its own process, the server adds ≤ 10% to p50 TPOT over in-process generation",
     overhead["process server"],
     at_most=0.10,
-    why_not="the engine process and this one (uvicorn, the load generator) each need a core; on a 2-core "
-    "machine anything else running (another notebook, a helper process) takes one of them",
+    why_not="a few rounds of a dozen requests on a shared 2-core machine: the same work varies by 10-15% from "
+    "one run to the next (the round-by-round figures above), and anything else running takes the engine process's "
+    "core; benchmarks/server_overhead.py runs more rounds",
 )
 
 # %% [markdown]
