@@ -505,8 +505,9 @@ print("published:", references.cite("distserve", link=False))
 #   longer compete for a lock; on a 2-core machine each gets a core.
 #
 # Both use uvicorn with uvloop (a libuv event loop) and httptools (a C HTTP parser) when they are installed,
-# as production deployments do; the load generator's client runs on uvloop too. Each token's trip through
-# asyncio, HTTP and JSON is then a few times cheaper than with the pure-Python defaults.
+# as production deployments do; the load generator's client runs on uvloop too. Both take Python off the path
+# of each token's trip through the event loop and the HTTP parser; the run below measures what the server
+# still adds on your machine.
 #
 # *Predict:* how much does each layout add to the median time per output token (TPOT), against the same
 # requests generated in-process? The goal for a serving stack is ≤ 10%.

@@ -267,7 +267,7 @@ def run_load(url: str, requests: Sequence[TimedRequest], **kwargs) -> LoadResult
 
 
 def _fast_run():
-    """``uvloop.run`` where uvloop is installed (the client's per-chunk work is then a few times cheaper, so it
+    """``uvloop.run`` where uvloop is installed (the client's per-chunk work then runs less Python, so it
     takes less CPU from the engine it measures), else ``asyncio.run``."""
     try:
         import uvloop

@@ -59,6 +59,75 @@ _OWNED_LOCK = threading.Lock()
 _OPENAI_REASON = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
+# ----------------------------------------------------------------------------- the engine side
+class _EngineCore:
+    """What the engine's own thread does between steps, shared by ``EngineLoop`` (a thread of the server) and
+    ``EngineProcess``'s child: add and abort requests, step, count. Each call returns per-request items
+    ``("added", rid, prompt_tokens)``, ``("error", rid, status, message)`` or ``("token", rid, TokenEvent)``."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.live: set[str] = set()  # added and not yet finished or aborted
+        self.steps = 0
+        self.errors = 0
+        self.step_seconds = 0.0  # time spent inside engine.step(), summed
+
+    def add(self, rid: str, prompt, params: SamplingParams) -> tuple:
+        try:
+            seq = self.engine.add_request(prompt, params, request_id=rid)
+        except ValueError as exc:  # bad input: nothing was queued
+            return ("error", rid, 400, str(exc))
+        except Exception as exc:  # noqa: BLE001 - one request's failure must not end the loop
+            log.exception("add_request failed for %s", rid)
+            return ("error", rid, 500, f"engine error: {exc!r}")
+        self.live.add(rid)
+        return ("added", rid, seq.num_prompt_tokens)
+
+    def abort(self, rid: str) -> None:
+        self.live.discard(rid)
+        try:
+            self.engine.abort(rid)  # frees its KV
+        except ValueError:
+            pass  # it finished (or was never added) meanwhile
+
+    def step(self) -> list[tuple]:
+        """One engine step: a token item per generated token, or, if the step raised, an error for every live
+        request (aborted, its KV freed) and the loop carries on."""
+        t0 = time.perf_counter()
+        try:
+            events = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - fail this batch's requests, keep serving
+            self.errors += 1
+            log.exception("engine step failed; failing its %d requests", len(self.live))
+            failed = sorted(self.live)
+            for rid in failed:
+                self.abort(rid)
+            return [("error", rid, 500, f"engine error: {exc!r}") for rid in failed]
+        finally:
+            self.step_seconds += time.perf_counter() - t0
+        self.steps += 1
+        for ev in events:
+            if ev.finished:
+                self.live.discard(ev.request)
+        return [("token", ev.request, ev) for ev in events]
+
+    def gauges(self) -> tuple:
+        """(waiting, running, KV bytes used, KV bytes reserved, steps, step errors, step seconds)."""
+        e = self.engine
+        s = e.scheduler
+        kv = (e.backend.bytes_used(), e.backend.bytes_reserved())
+        return (len(s.waiting), len(s.running), *kv, self.steps, self.errors, self.step_seconds)
+
+
+def _set_gauges(metrics: ServerMetrics | None, gauges: tuple) -> None:
+    if metrics is not None:
+        waiting, running, kv_used, kv_reserved = gauges[:4]
+        metrics.waiting.set(waiting)
+        metrics.running.set(running)
+        metrics.kv_used.set(kv_used)
+        metrics.kv_reserved.set(kv_reserved)
+
+
 # ----------------------------------------------------------------------------- the engine loop thread
 class EngineLoop:
     """The only thread that touches the engine: commands in through a queue, TokenEvents out per request.
@@ -71,11 +140,18 @@ class EngineLoop:
     def __init__(self, engine, metrics: ServerMetrics | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
+        self._core = _EngineCore(engine)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # live request id → sink
         self._thread: threading.Thread | None = None
-        self.steps = 0
-        self.step_errors = 0
+
+    @property
+    def steps(self) -> int:
+        return self._core.steps
+
+    @property
+    def step_errors(self) -> int:
+        return self._core.errors
 
     # -- called from any thread
     def start(self) -> None:
@@ -156,16 +232,8 @@ class EngineLoop:
         kind = cmd[0]
         if kind == "add":
             _, rid, prompt, params, sink = cmd
-            try:
-                seq = self.engine.add_request(prompt, params, request_id=rid)
-            except ValueError as exc:  # bad input: nothing was queued
-                self._send({rid: (sink, [("error", 400, str(exc))])})
-            except Exception as exc:  # noqa: BLE001 - one request's failure must not end the loop
-                log.exception("add_request failed for %s", rid)
-                self._send({rid: (sink, [("error", 500, f"engine error: {exc!r}")])})
-            else:
-                self._sinks[rid] = sink
-                self._send({rid: (sink, [("added", seq.num_prompt_tokens)])})
+            self._sinks[rid] = sink
+            self._route([self._core.add(rid, prompt, params)])
         elif kind == "abort":
             self._abort(cmd[1])
         elif kind == "abort_all":
@@ -182,37 +250,19 @@ class EngineLoop:
 
     def _abort(self, rid: str) -> None:
         self._sinks.pop(rid, None)
-        try:
-            self.engine.abort(rid)  # frees its KV
-        except ValueError:
-            pass  # it finished (or was never added) meanwhile
+        self._core.abort(rid)
 
     def _fail_all(self, status: int, message: str) -> None:
-        out = {}
-        for rid, sink in list(self._sinks.items()):
-            self._abort(rid)
-            out[rid] = (sink, [("error", status, message)])
-        self._send(out)
+        failed = list(self._sinks)
+        for rid in failed:
+            self._core.abort(rid)
+        self._route([("error", rid, status, message) for rid in failed])
 
     def _step(self) -> None:
-        try:
-            events = self.engine.step()
-        except Exception as exc:  # noqa: BLE001 - fail this batch's requests, keep serving
-            self.step_errors += 1
-            log.exception("engine step failed; failing its %d requests", len(self._sinks))
-            self._fail_all(500, f"engine error: {exc!r}")
-            return
-        self.steps += 1
-        out: dict[str, tuple] = {}
-        for ev in events:
-            sink = self._sinks.get(ev.request)
-            if sink is None:
-                continue
-            out.setdefault(ev.request, (sink, []))[1].append(("token", ev))
-            if ev.finished:
-                self._sinks.pop(ev.request, None)
-        for rid in self._send(out):
-            self._abort(rid)
+        self._route(self._core.step())
+
+    def _route(self, items: list[tuple]) -> None:
+        _route(self._sinks, items, self._abort)
 
     @staticmethod
     def _send(out: dict) -> list:
@@ -231,14 +281,23 @@ class EngineLoop:
         return lost
 
     def _update_gauges(self) -> None:
-        m = self.metrics
-        if m is None:
-            return
-        e = self.engine
-        m.waiting.set(len(e.scheduler.waiting))
-        m.running.set(len(e.scheduler.running))
-        m.kv_used.set(e.backend.bytes_used())
-        m.kv_reserved.set(e.backend.bytes_reserved())
+        if self.metrics is not None:
+            _set_gauges(self.metrics, self._core.gauges())
+
+
+def _route(sinks: dict, items: list[tuple], abort: Callable[[str], None]) -> None:
+    """Hand ``_EngineCore`` items to their requests' queues (one hop per event loop); a request that errored
+    or finished leaves ``sinks``, and one whose event loop is gone is aborted."""
+    out: dict[str, tuple] = {}
+    for kind, rid, *rest in items:
+        sink = sinks.get(rid)
+        if sink is None:
+            continue
+        out.setdefault(rid, (sink, []))[1].append((kind, *rest))
+        if kind == "error" or (kind == "token" and rest[0].finished):
+            sinks.pop(rid, None)
+    for rid in EngineLoop._send(out):
+        abort(rid)
 
 
 def _put_batch(batch: list) -> None:
@@ -446,35 +505,13 @@ class EngineProcess:
     def _deliver(self, items: list) -> None:
         from course_lib.engine.engine import TokenEvent
 
-        out: dict[str, tuple] = {}
-        for item in items:
-            rid = item[1]
-            sink = self._sinks.get(rid)
-            if sink is None:
-                continue
-            if item[0] == "token":
-                _, _, token_id, t, index, finished, reason = item
-                out.setdefault(rid, (sink, []))[1].append(
-                    ("token", TokenEvent(rid, token_id, t, index, finished, reason))
-                )
-                if finished:
-                    self._sinks.pop(rid, None)
-            elif item[0] == "added":
-                out.setdefault(rid, (sink, []))[1].append(("added", item[2]))
-            else:  # ("error", rid, status, message)
-                out.setdefault(rid, (sink, []))[1].append(("error", item[2], item[3]))
-                self._sinks.pop(rid, None)
-        for rid in EngineLoop._send(out):
-            self.abort(rid)
+        # tokens came as plain tuples (see _engine_process_main): TokenEvents again, as EngineLoop hands them out
+        items = [("token", it[1], TokenEvent(*it[1:])) if it[0] == "token" else it for it in items]
+        _route(self._sinks, items, self.abort)
 
     def _gauges(self, g: tuple) -> None:
-        waiting, running, kv_used, kv_reserved, self.steps, self.step_errors, self.step_seconds = g
-        m = self.metrics
-        if m is not None:
-            m.waiting.set(waiting)
-            m.running.set(running)
-            m.kv_used.set(kv_used)
-            m.kv_reserved.set(kv_reserved)
+        self.steps, self.step_errors, self.step_seconds = g[4:]
+        _set_gauges(self.metrics, g)
 
 
 def _engine_process_main(conn, engine_kwargs: dict, threads: int | None, cpus: set[int] | None = None) -> None:
@@ -501,29 +538,7 @@ def _engine_process_main(conn, engine_kwargs: dict, threads: int | None, cpus: s
     except BaseException:  # noqa: BLE001 - the parent raises it with this traceback
         conn.send(("failed", traceback.format_exc()))
         return
-    live: set[str] = set()
-    steps = errors = 0
-    step_s = 0.0
-
-    def gauges() -> tuple:
-        s = engine.scheduler
-        return (
-            len(s.waiting),
-            len(s.running),
-            engine.backend.bytes_used(),
-            engine.backend.bytes_reserved(),
-            steps,
-            errors,
-            step_s,
-        )
-
-    def abort(rid: str) -> None:
-        live.discard(rid)
-        try:
-            engine.abort(rid)  # frees its KV
-        except ValueError:
-            pass  # it finished (or was never added) meanwhile
-
+    core = _EngineCore(engine)
     try:
         while True:
             out: list = []
@@ -535,21 +550,12 @@ def _engine_process_main(conn, engine_kwargs: dict, threads: int | None, cpus: s
             for cmd in cmds:
                 kind = cmd[0]
                 if kind == "add":
-                    _, rid, prompt, params = cmd
-                    try:
-                        seq = engine.add_request(prompt, params, request_id=rid)
-                    except ValueError as exc:
-                        out.append(("error", rid, 400, str(exc)))
-                    except Exception as exc:  # noqa: BLE001 - one request's failure must not end the loop
-                        out.append(("error", rid, 500, f"engine error: {exc!r}"))
-                    else:
-                        live.add(rid)
-                        out.append(("added", rid, seq.num_prompt_tokens))
+                    out.append(core.add(*cmd[1:]))
                 elif kind == "abort":
-                    abort(cmd[1])
+                    core.abort(cmd[1])
                 elif kind == "abort_all":
-                    for rid in list(live):
-                        abort(rid)
+                    for rid in list(core.live):
+                        core.abort(rid)
                 elif kind == "call":
                     try:
                         conn.send(("result", cmd[1], cmd[2](engine), True))
@@ -558,29 +564,18 @@ def _engine_process_main(conn, engine_kwargs: dict, threads: int | None, cpus: s
                 elif kind == "stop":
                     stop = True
             if stop:
-                for rid in list(live):
-                    abort(rid)
-                conn.send(("batch", out, gauges()))
+                for rid in list(core.live):
+                    core.abort(rid)
+                conn.send(("batch", out, core.gauges()))
                 conn.send(("stopped",))
                 return
             if engine.has_unfinished():
-                t0 = time.perf_counter()
-                try:
-                    events = engine.step()
-                except Exception as exc:  # noqa: BLE001 - fail this batch's requests, keep serving
-                    errors += 1
-                    for rid in list(live):
-                        abort(rid)
-                        out.append(("error", rid, 500, f"engine error: {exc!r}"))
-                    events = []
-                else:
-                    steps += 1
-                step_s += time.perf_counter() - t0
-                for ev in events:
-                    out.append(("token", ev.request, ev.token_id, ev.time, ev.index, ev.finished, ev.finish_reason))
-                    if ev.finished:
-                        live.discard(ev.request)
-            conn.send(("batch", out, gauges()))
+                for item in core.step():  # a TokenEvent travels as a plain tuple: cheaper to pickle
+                    if item[0] == "token":
+                        ev = item[2]
+                        item = ("token", ev.request, ev.token_id, ev.time, ev.index, ev.finished, ev.finish_reason)
+                    out.append(item)
+            conn.send(("batch", out, core.gauges()))
     except (EOFError, OSError, KeyboardInterrupt):
         return  # the parent went away
 
