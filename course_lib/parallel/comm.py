@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from course_lib.fitting import nonneg_lstsq
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 #: Message sizes from one float to 64 MiB: ×16 apart up to 16 MiB, then closer, where a CPU's "link" changes
 #: regime (gloo's all-gather and reduce-scatter get fresh pages for their 32 MiB-and-up buffers every call).
@@ -452,31 +454,6 @@ def _fmt_bytes(nbytes: float) -> str:
     return f"{nbytes:.0f} B"
 
 
-def _nnls(design, target):
-    """min ‖design·x − target‖² over x ≥ 0, and that minimum: the optimum is the least-squares solution on
-    its own support, so with a few columns trying every support and keeping the best non-negative one is exact."""
-    import itertools
-
-    import numpy as np
-
-    k = design.shape[1]
-    scale = np.abs(design).max(axis=0)  # α ~ 1e-5 and β ~ 1e-10: balance the columns
-    scale[scale == 0] = 1.0
-    d = design / scale
-    best_x, best_sse = np.zeros(k), float(target @ target)  # x = 0
-    for r in range(1, k + 1):
-        for cols in itertools.combinations(range(k), r):
-            x_s, *_ = np.linalg.lstsq(d[:, cols], target, rcond=None)
-            if (x_s < 0).any():
-                continue
-            x = np.zeros(k)
-            x[list(cols)] = x_s
-            sse = float(np.sum((d @ x - target) ** 2))
-            if sse < best_sse:
-                best_x, best_sse = x, sse
-    return best_x / scale, best_sse
-
-
 def _solve(rows, knee):
     """(α, β, β_large, sse) of the relative least-squares fit with the regimes split at ``knee`` (None: one)."""
     import numpy as np
@@ -490,7 +467,7 @@ def _solve(rows, knee):
     else:
         cols = [coef[:, 0], per_byte * (nbytes <= knee), per_byte * (nbytes > knee)]
     design = np.stack(cols, axis=1) / seconds[:, None]  # (rows, 2 or 3): predicted / measured per parameter
-    x, sse = _nnls(design, np.ones(len(rows)))  # predicted / measured should be 1
+    x, sse = nonneg_lstsq(design, np.ones(len(rows)))  # predicted / measured should be 1
     return float(x[0]), float(x[1]), (float(x[2]) if knee is not None else None), sse
 
 

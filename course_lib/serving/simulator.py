@@ -32,6 +32,7 @@ from course_lib.engine.attention.paged import PagedBackend
 from course_lib.engine.sampling import SamplingParams
 from course_lib.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from course_lib.engine.sequence import Sequence
+from course_lib.fitting import nonneg_lstsq
 from course_lib.metrics import SLO, RequestTrace, ServingSummary, summarize
 from course_lib.serving.traces import Trace
 
@@ -150,8 +151,8 @@ def fit_cost_model(
 ) -> CostModel:
     """Fit a + b·prefill + c·rows (+ d·context) to (prefill_tokens, decode_rows, decode_context, seconds)
     points with ``numpy.linalg.lstsq``. ``relative``: weight each point by 1/time, so a 3 ms decode step
-    counts as much as a 300 ms prefill (a simulator replays thousands of the former). A coefficient that
-    comes out negative (no physical meaning: work never saves time) is dropped and the rest refitted.
+    counts as much as a 300 ms prefill (a simulator replays thousands of the former). Every coefficient is
+    kept ≥ 0 (``fitting.nonneg_lstsq``): a negative one has no physical meaning, work never saves time.
     ``use_context`` None: keep the context term only if it cuts the RMS relative residual by ≥ 10%."""
     arr = np.asarray([tuple(p) for p in points], dtype=float)
     if arr.ndim != 2 or arr.shape[1] != 4 or arr.shape[0] < 4 or not np.isfinite(arr).all():
@@ -165,14 +166,9 @@ def fit_cost_model(
     def fit(cols: list[int]) -> tuple[np.ndarray, float]:
         if np.linalg.matrix_rank(X[:, cols]) < len(cols):
             raise ValueError("points must vary prefill tokens and decode rows (the fit is otherwise underdetermined)")
-        active = list(cols)
-        while True:
-            coef, *_ = np.linalg.lstsq(X[:, active] * w[:, None], y * w, rcond=None)
-            if (coef >= 0).all() or len(active) == 1:
-                break
-            active.pop(int(np.argmin(coef)))
+        coef, _ = nonneg_lstsq(X[:, cols] * w[:, None], y * w)
         full = np.zeros(4)
-        full[active] = coef
+        full[cols] = coef
         return full, float(np.sqrt(np.mean(((X @ full - y) * w) ** 2)))
 
     coef, err = fit([0, 1, 2])
