@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from course_lib.engine import Engine, SamplingParams, SchedulerConfig
-from course_lib.metrics import RequestTrace, summarize
+from course_lib.measure.metrics import RequestTrace, summarize
 from course_lib.serving import make_workload, prompt_pool
 
 

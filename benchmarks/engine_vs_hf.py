@@ -12,9 +12,9 @@ stretch goals: >= 3x HF on tiny-target, >= 60% of STREAM on bench-80m. Not a tes
 import argparse
 import json
 
-from course_lib.engine.benchmark import as_dicts, engine_vs_hf, format_rows, profile_decode_step
+from course_lib.bottlenecks.engine_vs_hf import as_dicts, engine_vs_hf, format_rows, profile_decode_step
 from course_lib.engine.engine import Engine
-from course_lib.hardware import detect_device, measured_peaks
+from course_lib.measure.hardware import detect_device, measured_peaks
 from course_lib.models.family import SPECS
 from course_lib.models.load import EMBEDDED, random_model
 

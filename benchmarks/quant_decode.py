@@ -22,8 +22,8 @@ from course_lib.compression.evaluate import decode_step_time, perplexity
 from course_lib.compression.gptq import quantize_engine_gptq
 from course_lib.compression.quantize import QuantConfig
 from course_lib.engine import Engine
+from course_lib.measure.report import machine_name
 from course_lib.models.load import random_model
-from course_lib.report import machine_name
 
 INT8 = QuantConfig(8, True, "channel")
 INT4 = QuantConfig(4, False, "group", 128)

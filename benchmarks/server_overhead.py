@@ -20,7 +20,7 @@ import time
 import torch
 
 from course_lib.engine import Engine
-from course_lib.metrics import SLO
+from course_lib.measure.metrics import SLO
 from course_lib.serving import loadgen, prompt_pool, server
 
 

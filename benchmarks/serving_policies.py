@@ -19,7 +19,7 @@ import torch
 
 from course_lib.engine import Engine, SchedulerConfig
 from course_lib.engine import scheduler as sched
-from course_lib.metrics import SLO
+from course_lib.measure.metrics import SLO
 from course_lib.serving import prompt_pool
 from course_lib.serving.simulator import compare, load_or_calibrate, run_real, simulate, sweep
 from course_lib.serving.traces import load_trace

@@ -18,16 +18,17 @@ import json
 
 import torch
 
-from course_lib import hardware, speculation
-from course_lib.engine import Engine, jacobi
-from course_lib.engine.speculative import DraftProposer, PromptLookupProposer
-from course_lib.report import machine_name
+from course_lib.decoding import speculation
+from course_lib.engine import Engine
+from course_lib.engine.speculative import DraftProposer, PromptLookupProposer, jacobi
+from course_lib.measure import hardware
+from course_lib.measure.report import machine_name
 
 
 def medusa_methods(target):
     """(name, make_proposer) for the shipped Medusa heads, if they are there."""
     try:
-        from course_lib.engine import medusa
+        from course_lib.engine.speculative import medusa
 
         heads = medusa.load_medusa("tiny-target-medusa", target)
     except Exception as exc:  # noqa: BLE001 - the heads are optional for this benchmark

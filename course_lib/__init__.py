@@ -24,7 +24,7 @@ def _cuda_available() -> bool:
 if "TRITON_INTERPRET" not in _os.environ and not _cuda_available():
     _os.environ["TRITON_INTERPRET"] = "1"
 
-from course_lib.mode import is_quick, mode, pick  # noqa: E402
-from course_lib.paths import data_dir, repo_root  # noqa: E402
+from course_lib.core.mode import is_quick, mode, pick  # noqa: E402
+from course_lib.core.paths import data_dir, repo_root  # noqa: E402
 
 __all__ = ["__version__", "data_dir", "is_quick", "mode", "pick", "repo_root"]

@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from course_lib.paths import repo_root
-from course_lib.report import write_report
+from course_lib.core.paths import repo_root
+from course_lib.measure.report import write_report
 
 
 def chapter_sources(root: Path | None = None) -> list[Path]:

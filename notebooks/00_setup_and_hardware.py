@@ -67,10 +67,10 @@ import torch
 import transformers
 
 import course_lib  # sets TRITON_INTERPRET=1 when there is no CUDA GPU
-from course_lib import bench, costs, hardware, plots, roofline
-from course_lib.claims import claim, compare_prediction
 from course_lib.kernels import HAS_TRITON, interpreter_on
-from course_lib.report import record
+from course_lib.measure import bench, costs, hardware, plots, roofline
+from course_lib.measure.claims import claim, compare_prediction
+from course_lib.measure.report import record
 
 torch.manual_seed(0)
 if not torch.cuda.is_available():  # on a shared machine, time with the cores that are actually free

@@ -65,14 +65,15 @@ import matplotlib.pyplot as plt
 import torch
 
 import course_lib  # sets TRITON_INTERPRET=1 when there is no CUDA GPU
-from course_lib import bench, costs, hardware, phases, plots, profiling, references, roofline, transfer
-from course_lib.claims import claim, compare_prediction
-from course_lib.dtypes import torch_dtype
+from course_lib.bottlenecks import phases, transfer
+from course_lib.core.dtypes import torch_dtype
 from course_lib.kernels import intensity as ik
 from course_lib.kernels import interpreter_on
+from course_lib.measure import bench, costs, hardware, plots, profiling, references, roofline
+from course_lib.measure.claims import claim, compare_prediction
+from course_lib.measure.report import record
+from course_lib.measure.roofline import Point, Roof, batch_to_reach, llm_phases, min_time
 from course_lib.models import accounting
-from course_lib.report import record
-from course_lib.roofline import Point, Roof, batch_to_reach, llm_phases, min_time
 
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()

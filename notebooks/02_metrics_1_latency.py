@@ -69,12 +69,13 @@ import torch
 import transformers
 
 import course_lib
-from course_lib import hardware, metrics, plots, profiling, roofline, serving, tokencost
-from course_lib.claims import claim, compare_prediction
+from course_lib import serving
 from course_lib.engine import Engine
 from course_lib.engine.sampling import SamplingParams
-from course_lib.models import accounting
-from course_lib.report import record
+from course_lib.measure import hardware, metrics, plots, profiling, roofline
+from course_lib.measure.claims import claim, compare_prediction
+from course_lib.measure.report import record
+from course_lib.models import accounting, tokencost
 
 transformers.utils.logging.disable_progress_bar()
 torch.manual_seed(0)

@@ -63,13 +63,14 @@ import torch
 import transformers
 
 import course_lib
-from course_lib import hardware, metrics, plots, profiling, references, roofline, serving
-from course_lib.claims import claim, compare_prediction
+from course_lib import serving
+from course_lib.bottlenecks.engine_vs_hf import PROMPT, engine_vs_hf, format_rows
 from course_lib.engine import Engine
-from course_lib.engine.benchmark import PROMPT, engine_vs_hf, format_rows
 from course_lib.engine.sampling import SamplingParams
+from course_lib.measure import hardware, metrics, plots, profiling, references, roofline
+from course_lib.measure.claims import claim, compare_prediction
+from course_lib.measure.report import record
 from course_lib.models import accounting
-from course_lib.report import record
 
 transformers.utils.logging.disable_progress_bar()
 torch.manual_seed(0)

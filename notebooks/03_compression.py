@@ -65,15 +65,15 @@ import torch
 from IPython.display import display
 
 import course_lib
-from course_lib import hardware, plots, references
-from course_lib.claims import claim, compare_prediction
 from course_lib.compression import apply, evaluate, gptq, prune, smoothquant
 from course_lib.compression.calibrate import collect_inputs
 from course_lib.compression.explore import quant_explorer
 from course_lib.compression.quantize import QuantConfig, dequantize, expected_nbytes, fp8_roundtrip, max_error, quantize
 from course_lib.engine import Engine
+from course_lib.measure import hardware, plots, references
+from course_lib.measure.claims import claim, compare_prediction
+from course_lib.measure.report import record
 from course_lib.models.load import random_model
-from course_lib.report import record
 
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
@@ -479,7 +479,7 @@ print(f"still {prune.sparsity_of(eng):.1%} zeros")
 # NBVAL_IGNORE_OUTPUT
 import json
 
-from course_lib.paths import data_dir
+from course_lib.core.paths import data_dir
 
 logs = {
     name: json.loads((data_dir() / "models" / name / "train_log.json").read_text())

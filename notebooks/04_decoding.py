@@ -71,9 +71,9 @@ import torch
 from IPython.display import display
 
 import course_lib
-from course_lib import decoding, hardware, references, speculation
-from course_lib.claims import claim, compare_prediction
-from course_lib.engine import Engine, SamplingParams, jacobi
+from course_lib.core.mode import pick
+from course_lib.decoding import speculation, strategies
+from course_lib.engine import Engine, SamplingParams
 from course_lib.engine.speculative import (
     DraftProposer,
     PromptLookupProposer,
@@ -81,9 +81,11 @@ from course_lib.engine.speculative import (
     best_gamma,
     expected_speedup,
     expected_tokens,
+    jacobi,
 )
-from course_lib.mode import pick
-from course_lib.report import record
+from course_lib.measure import hardware, references
+from course_lib.measure.claims import claim, compare_prediction
+from course_lib.measure.report import record
 
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
@@ -154,7 +156,7 @@ beam = [target.beam_search(p, num_beams=4, max_new_tokens=24, ignore_eos=True) f
 print(f"{'prompt':<34}{'greedy log p':>14}{'beam(4) log p':>15}")
 wins = 0
 for p, p_ids, g, b in zip(prompts, ids, greedy, beam):
-    lg, lb = decoding.sequence_logprob(target, p_ids, g), decoding.sequence_logprob(target, p_ids, b)
+    lg, lb = strategies.sequence_logprob(target, p_ids, g), strategies.sequence_logprob(target, p_ids, b)
     wins += lb > lg + 1e-6
     print(f"{p.splitlines()[0][:32]:<34}{lg:>14.2f}{lb:>15.2f}")
 compare_prediction("share of prompts where beam search beats greedy", my_beam_wins, measured=wins / len(prompts))
@@ -175,11 +177,11 @@ compare_prediction("share of prompts where beam search beats greedy", my_beam_wi
 # NBVAL_IGNORE_OUTPUT
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), dpi=80)
 for ax, text in zip(axes, ["def fibonacci(n):\n    if n <", "import"]):
-    probs = decoding.next_token_probs(target, target.encode([text])[0])
+    probs = strategies.next_token_probs(target, target.encode([text])[0])
     p_sorted = probs.sort(descending=True).values[:60]
     ax.bar(range(len(p_sorted)), p_sorted.tolist(), color="C0")
     print(f"after {text!r}:")
-    for cut in decoding.cutoffs(probs, top_ks=(10, 50), top_ps=(0.5, 0.9)):
+    for cut in strategies.cutoffs(probs, top_ks=(10, 50), top_ps=(0.5, 0.9)):
         print(f"   {cut.name:<10} keeps {cut.kept:>5} tokens holding {cut.mass:.2f} of the probability")
         if cut.name.startswith("top-p"):
             ax.axvline(cut.kept - 0.5, ls="--", color="C1" if "0.5" in cut.name else "C3", label=cut.name)
@@ -209,8 +211,8 @@ rows = []  # one seed per sample, so the 8 samples differ
 for t in temps:
     plist = [SamplingParams(temperature=t, max_new_tokens=pick(32, 64), seed=s, ignore_eos=True) for s in range(8)]
     outs = [r.output_ids for r in target.generate(prompt_ids, plist)]
-    ppl = sum(decoding.perplexity_of(target, prompt_ids[0], o) for o in outs) / len(outs)
-    rows.append((t, decoding.distinct_n(outs, 2), ppl))
+    ppl = sum(strategies.perplexity_of(target, prompt_ids[0], o) for o in outs) / len(outs)
+    rows.append((t, strategies.distinct_n(outs, 2), ppl))
     print(f"T={t:<4} distinct-2 {rows[-1][1]:.3f}   model's perplexity of its own samples {ppl:8.2f}")
 fig, ax = plt.subplots(figsize=(6, 3.5), dpi=80)
 ax.plot([r[1] for r in rows], [r[2] for r in rows], "o-")
@@ -250,7 +252,7 @@ rep_settings = {
 rep_prompts = target.encode(
     ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "import json\n\n\ndef load(path):"]
 )
-rep_rows = decoding.run_strategies(target, rep_prompts, rep_settings)
+rep_rows = strategies.run_strategies(target, rep_prompts, rep_settings)
 print(f"{'setting':<26}{'repeated 4-grams':>18}{'distinct-2':>12}{'own perplexity':>16}")
 for r in rep_rows:
     print(f"{r.name:<26}{r.repetition4:>18.2f}{r.distinct2:>12.3f}{r.perplexity:>16.2f}")
@@ -584,8 +586,8 @@ print(
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from course_lib.engine import medusa  # noqa: E402
-from course_lib.paths import data_dir  # noqa: E402
+from course_lib.core.paths import data_dir  # noqa: E402
+from course_lib.engine.speculative import medusa  # noqa: E402
 
 heads = medusa.load_medusa("tiny-target-medusa", target)
 mlog = json.loads((data_dir() / "models" / "tiny-target-medusa" / "train_log.json").read_text())

@@ -71,16 +71,17 @@ import torch
 from IPython.display import display
 
 import course_lib
-from course_lib import gqa, hardware, kvcache, references
-from course_lib.claims import claim, compare_prediction
+from course_lib.core.mode import pick
 from course_lib.engine import Engine, SamplingParams, SchedulerConfig
 from course_lib.engine.attention import BlockManager, OutOfBlocks
 from course_lib.engine.attention.paged import fragmentation, request_mix, sharing
 from course_lib.kernels import flash_attention as fa
 from course_lib.kernels import interpreter_on
-from course_lib.mode import pick
+from course_lib.kv import gqa, kvcache
+from course_lib.measure import hardware, references
+from course_lib.measure.claims import claim, compare_prediction
+from course_lib.measure.report import record
 from course_lib.models.accounting import ModelShape, kv_bytes_per_token
-from course_lib.report import record
 
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()

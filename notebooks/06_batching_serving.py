@@ -67,12 +67,12 @@ import torch
 from IPython.display import display
 
 import course_lib
-from course_lib import hardware, references
-from course_lib.claims import claim, compare_prediction
+from course_lib.core.mode import pick
 from course_lib.engine import Engine, SamplingParams, SchedulerConfig
-from course_lib.metrics import SLO
-from course_lib.mode import pick
-from course_lib.report import record
+from course_lib.measure import hardware, references
+from course_lib.measure.claims import claim, compare_prediction
+from course_lib.measure.metrics import SLO
+from course_lib.measure.report import record
 from course_lib.serving import prompt_pool
 from course_lib.serving.simulator import load_or_calibrate, run_real, simulate
 from course_lib.serving.traces import Trace, load_trace, poisson_arrivals

@@ -66,12 +66,12 @@ import torch
 from IPython.display import display
 
 import course_lib
-from course_lib import hardware, references
-from course_lib.claims import claim, compare_prediction
+from course_lib.core.mode import pick
 from course_lib.engine import Engine, SamplingParams
-from course_lib.mode import pick
+from course_lib.measure import hardware, references
+from course_lib.measure.claims import claim, compare_prediction
+from course_lib.measure.report import record
 from course_lib.parallel import comm, launcher, pipeline, replica, tensor
-from course_lib.report import record
 
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()

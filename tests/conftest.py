@@ -39,8 +39,8 @@ def flat_step(m, backend, handles, chunks):
 
 @pytest.fixture(scope="session")
 def tokenizer():
+    from course_lib.core.paths import data_dir
     from course_lib.models.train import load_tokenizer
-    from course_lib.paths import data_dir
 
     return load_tokenizer(data_dir() / "models" / "tokenizer")
 

@@ -2,6 +2,7 @@
 
 import pytest
 
+from course_lib.core.paths import data_dir
 from course_lib.models.accounting import (
     ModelShape,
     decode_flops,
@@ -14,7 +15,6 @@ from course_lib.models.accounting import (
     weight_bytes,
     weights_read_per_step,
 )
-from course_lib.paths import data_dir
 from tests.conftest import random_llama
 
 

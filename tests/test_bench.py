@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from course_lib import bench
+from course_lib.measure import bench
 
 
 class FakeClock:
@@ -105,7 +105,7 @@ def test_statistics_and_rates():
 
 
 def test_percent_of_peak_from_given_peaks():
-    from course_lib.hardware import MeasuredPeaks
+    from course_lib.measure.hardware import MeasuredPeaks
 
     peaks = MeasuredPeaks("cpu", 10.0, 20.0, {"fp32": 1.0}, 1, 1)  # 20 GB/s, 1 TFLOP/s
     clock = FakeClock()

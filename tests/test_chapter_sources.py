@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from course_lib.core.paths import repo_root
 from course_lib.course import chapter_sources
-from course_lib.paths import repo_root
 
 jupytext = pytest.importorskip("jupytext")
 nbformat = pytest.importorskip("nbformat")

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from course_lib.claims import Verdict, claim, compare_prediction
+from course_lib.measure.claims import Verdict, claim, compare_prediction
 
 
 def test_claim_held_and_not(capsys):

@@ -160,7 +160,7 @@ def test_two_regime_fit_rejects_bad_input():
 
 
 def test_links_are_sourced_and_predictions_monotonic():
-    from course_lib.references import reference
+    from course_lib.measure.references import reference
 
     table = comm.links()
     assert {"nvlink4", "nvlink3", "pcie4_x16", "pcie5_x16", "ib_ndr"} <= set(table)

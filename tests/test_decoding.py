@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from course_lib import decoding as d
+from course_lib.decoding import strategies as d
 from course_lib.engine import Engine
 from course_lib.engine.sampling import SamplingParams
 

@@ -10,7 +10,7 @@ import torch
 
 from course_lib.engine import SamplingParams
 from course_lib.engine.attention import ContiguousBackend
-from course_lib.metrics import SLO
+from course_lib.measure.metrics import SLO
 from course_lib.serving.disagg import (
     DisaggregatedServer,
     SimConfig,

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.compression.distill import compare_to_teacher, distill_loss, distill_terms, main
+from course_lib.core.paths import data_dir
 from course_lib.models.load import EMBEDDED, load_model
-from course_lib.paths import data_dir
 
 MODELS = data_dir() / "models"
 DISTILLED = "tiny-draft-distilled"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from course_lib.exercises import ch02
-from course_lib.hardware import gpu_spec
+from course_lib.measure.hardware import gpu_spec
 from course_lib.models import accounting
 
 

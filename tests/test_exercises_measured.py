@@ -5,8 +5,8 @@ import pytest
 
 from course_lib import exercises
 from course_lib.exercises import ch00, ch01, ch02
+from course_lib.measure.roofline import batch_to_reach, output_input_ratio
 from course_lib.models.accounting import ModelShape, weight_bytes
-from course_lib.roofline import batch_to_reach, output_input_ratio
 
 
 def test_check_measurement_tolerance_and_laziness(capsys):
@@ -45,7 +45,7 @@ def test_own_peaks_exercises():
 
 
 def test_remeasuring_checks_measure(monkeypatch):
-    from course_lib import hardware
+    from course_lib.measure import hardware
 
     class FakeTiming:
         bytes = 3 * 2**20
@@ -81,7 +81,7 @@ def test_ch03_exercises():
 
 
 def test_ch04_lookup_speedup_remeasures():
-    from course_lib import speculation
+    from course_lib.decoding import speculation
     from course_lib.engine import Engine
     from course_lib.exercises import ch04
 

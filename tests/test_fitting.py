@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from course_lib.fitting import nonneg_lstsq
+from course_lib.measure.fitting import nonneg_lstsq
 
 
 def test_unconstrained_optimum_when_it_is_non_negative():

@@ -337,7 +337,7 @@ def test_benchmark_script_without_gpu_and_verdict(capsys):
     """The GPU benchmark exits cleanly on a CPU, and its verdict comes from the rows."""
     import importlib.util
 
-    from course_lib.paths import repo_root
+    from course_lib.core.paths import repo_root
 
     spec = importlib.util.spec_from_file_location("flash_bench", repo_root() / "benchmarks" / "flash_attention_gpu.py")
     bench = importlib.util.module_from_spec(spec)

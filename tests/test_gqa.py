@@ -1,11 +1,11 @@
-"""MHA / GQA / MQA (course_lib.gqa): K/V head pooling, the engine on a converted model, cache bytes, uptraining."""
+"""MHA / GQA / MQA (course_lib.kv.gqa): K/V head pooling, the engine on a converted model, cache bytes, uptraining."""
 
 import json
 
 import pytest
 import torch
 
-from course_lib.gqa import (
+from course_lib.kv.gqa import (
     UPTRAINED_NAME,
     attention_kind,
     convert_kv_heads,
@@ -214,7 +214,7 @@ def test_shipped_uptrained_model(target):
     ev = log["final_eval"]
     assert ev["uptrained"]["perplexity"] < ev["converted"]["perplexity"]
     assert ev["original"]["tokens"] == ev["uptrained"]["tokens"] > 100_000
-    assert len(log["train_loss"]) == log["steps"] and log["command"].startswith("python -m course_lib.gqa uptrain")
+    assert len(log["train_loss"]) == log["steps"] and log["command"].startswith("python -m course_lib.kv.gqa uptrain")
     json.dumps(log)
     # it was trained after the conversion: not the plain mean-pooled tiny-target
     pooled = convert_kv_heads(target[0], 1).model.layers[0].self_attn.k_proj.weight

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import course_lib
-from course_lib import hardware
-from course_lib.paths import data_dir
+from course_lib.core.paths import data_dir
+from course_lib.measure import hardware
 
 # The datasheet figures (dense), as data/references.json cites them: name -> (bf16/fp16, fp8, TB/s, GB, ridge).
 ANCHORS = {

@@ -1,4 +1,4 @@
-"""Jacobi and lookahead decoding (course_lib.engine.jacobi): greedy identity, window shifts, n-gram pool, trace."""
+"""Jacobi and lookahead decoding (course_lib.engine.speculative.jacobi): greedy identity, window shifts, n-gram pool, trace."""
 
 import math
 
@@ -6,7 +6,8 @@ import pytest
 from matplotlib.figure import Figure
 
 from course_lib.engine import SamplingParams
-from course_lib.engine.jacobi import (
+from course_lib.engine.speculative import SpeculativeDecoder, Verified
+from course_lib.engine.speculative.jacobi import (
     CODE_PROMPT,
     JacobiProposer,
     LookaheadProposer,
@@ -15,7 +16,6 @@ from course_lib.engine.jacobi import (
     measure_jacobi,
     plot_jacobi_trace,
 )
-from course_lib.engine.speculative import SpeculativeDecoder, Verified
 
 PROMPTS = ["def fibonacci(n):", "The quick brown fox", "import numpy as np\n", CODE_PROMPT]
 

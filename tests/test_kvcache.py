@@ -7,11 +7,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from course_lib import kvcache  # noqa: E402
-from course_lib.hardware import gpu_names, gpu_spec  # noqa: E402
+from course_lib.kv import kvcache  # noqa: E402
+from course_lib.measure.hardware import gpu_names, gpu_spec  # noqa: E402
+from course_lib.measure.references import reference  # noqa: E402
+from course_lib.measure.roofline import generation_flops  # noqa: E402
 from course_lib.models.accounting import PRESETS, ModelShape, kv_bytes_per_token  # noqa: E402
-from course_lib.references import reference  # noqa: E402
-from course_lib.roofline import generation_flops  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +240,7 @@ def test_kv_on_off_rows_and_identical_tokens(engine):
 
 
 def test_paged_step_times_rows_and_bad_input():
-    from course_lib.kvcache import paged_step_times
+    from course_lib.kv.kvcache import paged_step_times
 
     res = paged_step_times(batch=2, context=16, repeats=1, rounds=1)
     assert set(res) == {"contiguous", "paged"}
@@ -253,7 +253,7 @@ def test_paged_step_times_rows_and_bad_input():
 
 def test_beam_memory_shares_the_prompt():
     from course_lib.engine import Engine
-    from course_lib.kvcache import beam_memory
+    from course_lib.kv.kvcache import beam_memory
 
     eng = Engine("tiny-target", kv_cache="paged")
     ids = list(range(10, 42))  # 32 tokens: two full blocks of 16 shared by every beam

@@ -1,4 +1,4 @@
-"""Medusa heads (course_lib.engine.medusa): fingerprint, shapes, greedy identity (chain and tree), tree mask, training."""
+"""Medusa heads (course_lib.engine.speculative.medusa): fingerprint, shapes, greedy identity (chain and tree), tree mask, training."""
 
 import math
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from course_lib.engine import Engine, SamplingParams
-from course_lib.engine.medusa import (
+from course_lib.engine.speculative import SpeculativeDecoder
+from course_lib.engine.speculative.medusa import (
     MedusaHeads,
     MedusaProposer,
     MedusaTreeDecoder,
@@ -21,7 +22,6 @@ from course_lib.engine.medusa import (
     tree_from_top,
     tree_mask,
 )
-from course_lib.engine.speculative import SpeculativeDecoder
 from tests.conftest import random_llama
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\nimport re", "class Stack:\n    def", "x = 1\ny = 2\nx = 1\n"]
@@ -139,8 +139,8 @@ def test_save_load_roundtrip(target, tmp_path):
 
 
 def test_train_heads_lowers_the_loss(target):
+    from course_lib.core.paths import data_dir
     from course_lib.models.train import load_tokenizer, token_ids
-    from course_lib.paths import data_dir
 
     tok = load_tokenizer(data_dir() / "models" / "tokenizer")
     data = (token_ids(tok, "train"), token_ids(tok, "val")[:4096])

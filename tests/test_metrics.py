@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from course_lib.metrics import (
+from course_lib.measure.metrics import (
     SLO,
     RequestTrace,
     mbu,
@@ -241,7 +241,7 @@ def test_mfu_mbu_reject_bad_input():
 
 
 def test_meets_is_inclusive_despite_float_rounding():
-    from course_lib.metrics import SLO, RequestTrace, meets
+    from course_lib.measure.metrics import SLO, RequestTrace, meets
 
     times = [2.9 + 0.1 * i for i in range(16)]  # 15 gaps of 0.1 s, averaged with rounding error
     trace = RequestTrace("edge", arrival=2.4, prompt_tokens=3, token_times=times)

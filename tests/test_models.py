@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
+from course_lib.core.paths import data_dir
 from course_lib.models import corpus
 from course_lib.models.load import EMBEDDED, REQUIRED_FILES, load_model, resolve
-from course_lib.paths import data_dir
 
 MODELS = data_dir() / "models"
 

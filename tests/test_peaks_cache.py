@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from course_lib import hardware
+from course_lib.measure import hardware
 
 
 class _FakeTiming:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from course_lib import phases
+from course_lib.bottlenecks import phases
 from course_lib.models import accounting
 
 

@@ -6,9 +6,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from course_lib import plots  # noqa: E402
-from course_lib.hardware import gpu_spec  # noqa: E402
-from course_lib.roofline import Point, Roof, llm_phases  # noqa: E402
+from course_lib.measure import plots  # noqa: E402
+from course_lib.measure.hardware import gpu_spec  # noqa: E402
+from course_lib.measure.roofline import Point, Roof, llm_phases  # noqa: E402
 
 
 def test_roofline_plot_is_small_and_loglog():

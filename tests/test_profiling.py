@@ -1,4 +1,4 @@
-"""Chapter 02's profiling helpers (course_lib.profiling): decode matmuls timed alone, op counts, the
+"""Chapter 02's profiling helpers (course_lib.measure.profiling): decode matmuls timed alone, op counts, the
 per-op floor, and what "busy" measures."""
 
 import time
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from course_lib import profiling
 from course_lib.engine import Engine
+from course_lib.measure import profiling
 from course_lib.models import accounting
 from tests.conftest import random_llama
 

@@ -6,8 +6,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-from course_lib import references
-from course_lib.paths import data_dir, repo_root
+from course_lib.core.paths import data_dir, repo_root
+from course_lib.measure import references
 
 ALL = references.references()
 WORKS = ("huyen", "nvidia_mastering_inference", "xiao_zhu")
@@ -190,4 +190,4 @@ def test_no_reference_to_files_outside_the_repo():
         for match in _OUTSIDE.finditer(text):
             line = text.count("\n", 0, match.start()) + 1
             hits.append(f"{path.relative_to(root)}:{line}: {match.group(0)!r}")
-    assert not hits, "cite course_lib.references instead of files outside the repository:\n" + "\n".join(hits)
+    assert not hits, "cite course_lib.measure.references instead of files outside the repository:\n" + "\n".join(hits)

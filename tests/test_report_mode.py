@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from course_lib import paths, report
-from course_lib.mode import is_quick, mode, pick
+from course_lib.core import paths
+from course_lib.core.mode import is_quick, mode, pick
+from course_lib.measure import report
 
 
 def test_mode_switch(monkeypatch):

@@ -4,10 +4,10 @@ formulas."""
 import numpy as np
 import pytest
 
-from course_lib import roofline
-from course_lib.hardware import gpu_spec
+from course_lib.measure import roofline
+from course_lib.measure.hardware import gpu_spec
+from course_lib.measure.roofline import Point, Roof
 from course_lib.models import accounting
-from course_lib.roofline import Point, Roof
 
 
 def test_hand_computed_roofline():
@@ -32,7 +32,7 @@ def test_roof_from_spec_matches_table():
 
 
 def test_point_from_timing():
-    from course_lib.bench import Timing
+    from course_lib.measure.bench import Timing
 
     t = Timing("x", "cpu", (2.0, 2.0, 2.0), flops=8.0, bytes=4.0)
     p = Point.from_timing(t)

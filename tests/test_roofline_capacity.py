@@ -2,8 +2,8 @@
 
 import pytest
 
-from course_lib import roofline
-from course_lib.hardware import gpu_spec
+from course_lib.measure import roofline
+from course_lib.measure.hardware import gpu_spec
 from course_lib.models import accounting
 
 L7 = accounting.ModelShape.from_name("llama-2-7b")

@@ -14,7 +14,7 @@ pytest.importorskip("prometheus_client")
 httpx = pytest.importorskip("httpx")
 
 from course_lib.engine import Engine, SamplingParams  # noqa: E402
-from course_lib.metrics import SLO  # noqa: E402
+from course_lib.measure.metrics import SLO  # noqa: E402
 from course_lib.serving.loadgen import (  # noqa: E402
     TimedRequest,
     measure_engine,

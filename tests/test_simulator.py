@@ -8,7 +8,7 @@ import pytest
 
 from course_lib.engine import scheduler as sched
 from course_lib.engine.scheduler import SchedulerConfig
-from course_lib.metrics import SLO
+from course_lib.measure.metrics import SLO
 from course_lib.serving.simulator import CostModel, fit_cost_model, run_real, simulate
 from course_lib.serving.traces import (
     Trace,

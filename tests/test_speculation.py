@@ -1,11 +1,11 @@
-"""Chapter 04's measurements (course_lib.speculation): bookkeeping, labels, the calculator; no timing asserts."""
+"""Chapter 04's measurements (course_lib.decoding.speculation): bookkeeping, labels, the calculator; no timing asserts."""
 
 import math
 
 import matplotlib.pyplot as plt
 import pytest
 
-from course_lib import speculation as S
+from course_lib.decoding import speculation as S
 from course_lib.engine.speculative import PromptLookupProposer, best_gamma, expected_speedup
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # target: the conftest fixture

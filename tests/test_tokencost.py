@@ -2,7 +2,7 @@
 
 import pytest
 
-from course_lib import tokencost as tc
+from course_lib.models import tokencost as tc
 
 TRICKY = [
     "def f(x):\n    return x  # comment\n",

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from course_lib import transfer as tr
+from course_lib.bottlenecks import transfer as tr
 
 GB = 1e9
 
@@ -80,7 +80,7 @@ def test_skip_without_cuda(monkeypatch):
 
 
 def test_cpu_copy_reuses_hardware_bandwidth(monkeypatch):
-    from course_lib import hardware
+    from course_lib.measure import hardware
 
     calls = []
     monkeypatch.setattr(hardware, "measure_bandwidth", lambda *a, **k: calls.append((a, k)) or "timing")

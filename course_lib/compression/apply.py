@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from course_lib.bottlenecks.engine_vs_hf import matmul_weight_bytes as linear_bytes  # bytes of every linear layer
 from course_lib.compression.linear import WeightOnlyLinear
 from course_lib.compression.quantize import QuantConfig, QuantizedWeight
-from course_lib.engine.benchmark import matmul_weight_bytes as linear_bytes  # bytes of every linear layer
 
 
 @dataclass
@@ -95,8 +95,8 @@ def gemv_speed(
 ) -> list[GemvRow]:
     """Time ``batch`` rows through a random (out, in) matrix: fp32 ``F.linear`` (the baseline), then each
     ``QuantConfig`` in ``configs`` as a ``WeightOnlyLinear`` on its fastest path. Medians, warm-up excluded."""
-    from course_lib.bench import benchmark
     from course_lib.engine.layers import Linear
+    from course_lib.measure.bench import benchmark
 
     for name, v in (("out_features", out_features), ("in_features", in_features), ("batch", batch)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:

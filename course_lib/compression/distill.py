@@ -165,8 +165,8 @@ def train_student(
     from tqdm.auto import tqdm
     from transformers import LlamaForCausalLM
 
+    from course_lib.core.paths import data_dir
     from course_lib.models.load import load_model
-    from course_lib.paths import data_dir
 
     temperature, alpha = _check_hyper(temperature, alpha)
     if student not in SPECS:

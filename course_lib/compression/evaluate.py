@@ -110,7 +110,7 @@ def decode_step_time(
     """Seconds per decode step of ``engine.generate`` for ``batch`` copies of ``prompt``:
     (median time for ``new_tokens`` − median time for 1) / (``new_tokens`` − 1), so prefill and
     set-up cancel."""
-    from course_lib.engine.benchmark import step_time
+    from course_lib.bottlenecks.engine_vs_hf import step_time
     from course_lib.engine.sampling import SamplingParams
 
     _check_int("batch", batch, 1)

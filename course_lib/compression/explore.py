@@ -12,7 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from course_lib.compression.quantize import QuantConfig, dequantize, quantize
-from course_lib.plots import DPI, as_outputs
+from course_lib.measure.plots import DPI, as_outputs
 
 BITS = (8, 4)
 GROUPS = ("tensor", "channel", 256, 128, 64, 32)

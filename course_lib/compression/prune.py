@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from course_lib.bench import benchmark
 from course_lib.engine.layers import Linear, SkinnyLinear
+from course_lib.measure.bench import benchmark
 
 SCOPES = ("layer", "global")
 SPARSE_KERNEL_CHOICES = ("auto", True, False)

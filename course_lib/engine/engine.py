@@ -34,7 +34,7 @@ from course_lib.engine.sampler import Sampler
 from course_lib.engine.sampling import SamplingParams
 from course_lib.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from course_lib.engine.sequence import Sequence
-from course_lib.metrics import RequestTrace
+from course_lib.measure.metrics import RequestTrace
 
 LINEAR_CHOICES = ("auto", "reference", "skinny")
 KV_CACHE_CHOICES = ("contiguous", "paged")

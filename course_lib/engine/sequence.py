@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from course_lib.engine.sampling import SamplingParams, make_generator
-from course_lib.metrics import RequestTrace
+from course_lib.measure.metrics import RequestTrace
 
 
 class SequenceStatus(enum.Enum):

@@ -4,7 +4,7 @@ Expected values are never typed in by hand: each chapter module (``ch00``, ``ch0
 them from the spec table and the accounting formulas, so they cannot drift from the library.
 An unanswered exercise (``None``) prints a reminder and returns a falsy verdict; a wrong answer raises
 ``AssertionError`` with a ❌ message (a notebook must not print "wrong" and carry on); a right one
-prints ✅ and returns a truthy verdict. The verdict (:class:`course_lib.claims.Verdict`) shows nothing
+prints ✅ and returns a truthy verdict. The verdict (:class:`course_lib.measure.claims.Verdict`) shows nothing
 as a cell's value, so an unanswered check leaves no stray ``False`` in the notebook. Introduced in 00_setup_and_hardware.ipynb.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from numbers import Real
 
-from course_lib.claims import Verdict
+from course_lib.measure.claims import Verdict
 
 
 def _matches(answer, expected, rtol: float, atol: float) -> bool:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from course_lib.claims import Verdict
-from course_lib.costs import gemv_cost
 from course_lib.exercises import check
-from course_lib.hardware import gpu_spec
+from course_lib.measure.claims import Verdict
+from course_lib.measure.costs import gemv_cost
+from course_lib.measure.hardware import gpu_spec
+from course_lib.measure.roofline import batch_to_reach, llm_phases
 from course_lib.models.accounting import ModelShape, decode_intensity
-from course_lib.roofline import batch_to_reach, llm_phases
 
 
 def check_gemv_intensity(answer, n: int = 4096, dtype: str = "fp16") -> Verdict:
@@ -73,8 +73,8 @@ def check_bound(
 def check_remeasured_decode_ms(answer_ms, model, shape, batch: int = 8, context_len: int = 512, dtype: str = "fp32"):
     """Exercise 5 (re-measure): the median time (ms) of one decode step of section 4's model at
     ``batch`` with a ``context_len``-token KV cache, measured by the learner; the check measures again."""
+    from course_lib.bottlenecks.phases import time_decode
     from course_lib.exercises import check_measurement
-    from course_lib.phases import time_decode
 
     return check_measurement(
         f"decode step at batch {batch}, context {context_len}",

@@ -3,13 +3,13 @@ and the roofline's version of Anyscale's "100 input tokens ≈ 1 output token"."
 
 from __future__ import annotations
 
-from course_lib.claims import Verdict
-from course_lib.dtypes import dtype_bytes
+from course_lib.core.dtypes import dtype_bytes
 from course_lib.exercises import check
-from course_lib.hardware import gpu_spec
-from course_lib.metrics import SLO, RequestTrace, mbu, percentiles, summarize
+from course_lib.measure.claims import Verdict
+from course_lib.measure.hardware import gpu_spec
+from course_lib.measure.metrics import SLO, RequestTrace, mbu, percentiles, summarize
+from course_lib.measure.roofline import output_input_ratio
 from course_lib.models.accounting import ModelShape, param_count
-from course_lib.roofline import output_input_ratio
 
 
 def exercise_trace() -> RequestTrace:

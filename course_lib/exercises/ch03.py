@@ -3,9 +3,9 @@ speed-up, and the weight-streaming floor on the learner's own bandwidth."""
 
 from __future__ import annotations
 
-from course_lib.claims import Verdict
 from course_lib.compression.quantize import QuantConfig, expected_nbytes
 from course_lib.exercises import check, check_measurement
+from course_lib.measure.claims import Verdict
 
 
 def check_int4_bytes(answer, shape: tuple[int, int] = (4096, 11008), group_size: int = 128) -> Verdict:

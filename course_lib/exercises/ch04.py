@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from course_lib.claims import Verdict
 from course_lib.engine.speculative import best_gamma, expected_tokens
 from course_lib.exercises import check, check_measurement
+from course_lib.measure.claims import Verdict
 
 
 def check_expected_tokens(answer, alpha: float = 0.8, gamma: int = 4) -> Verdict:
@@ -36,7 +36,7 @@ def check_best_gamma(answer, alpha: float = 0.7, c: float = 0.1, max_gamma: int 
 
 def check_lookup_speedup(answer, target, prompt: str, gamma: int = 4, new_tokens: int = 48) -> Verdict:
     """Exercise 3 (re-measure): prompt lookup's speed-up over plain greedy on ``prompt``."""
-    from course_lib import speculation
+    from course_lib.decoding import speculation
     from course_lib.engine.speculative import PromptLookupProposer
 
     def measure() -> float:

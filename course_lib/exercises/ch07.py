@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from course_lib.claims import Verdict
 from course_lib.exercises import check, check_measurement
+from course_lib.measure.claims import Verdict
 
 
 def check_bubble(answer, p: int = 4, m: int = 12) -> Verdict:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from course_lib.costs import check_positive_int, fma_chain_cost
-from course_lib.dtypes import canonical
+from course_lib.core.dtypes import canonical
 from course_lib.kernels import HAS_TRITON, interpreter_on  # imports course_lib first (TRITON_INTERPRET)
+from course_lib.measure.costs import check_positive_int, fma_chain_cost
 
 if HAS_TRITON:
     import triton
@@ -166,8 +166,8 @@ def intensity_sweep(
 ):
     """Time the kernel for each k in ``ks`` on n elements; returns ``[(k, bench.Timing)]`` with the
     counted FLOPs and bytes, ready for ``roofline.Point.from_timing``."""
-    from course_lib.bench import benchmark
-    from course_lib.dtypes import torch_dtype
+    from course_lib.core.dtypes import torch_dtype
+    from course_lib.measure.bench import benchmark
 
     check_positive_int("n", n)
     name = canonical(dtype)

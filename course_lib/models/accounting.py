@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from course_lib.costs import check_positive_int
-from course_lib.dtypes import dtype_bytes
+from course_lib.core.dtypes import dtype_bytes
+from course_lib.measure.costs import check_positive_int
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from course_lib.dtypes import torch_dtype
-from course_lib.paths import data_dir
+from course_lib.core.dtypes import torch_dtype
+from course_lib.core.paths import data_dir
 
 #: tiny-draft-distilled: tiny-draft's shape and budget, distilled from tiny-target (course_lib.compression.distill);
 #: it agrees more with the target (0.550 vs 0.517 top-1 on the validation split), chapter 04's better draft.

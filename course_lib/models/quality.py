@@ -108,7 +108,7 @@ def measure(max_tokens: int = 1_000_000) -> dict:
         "check_tokens": CHECK_TOKENS,
         "models": {},
     }
-    from course_lib.report import machine_name
+    from course_lib.measure.report import machine_name
 
     result["measured_on"] = machine_name()
     for name, (model, tok) in models.items():
@@ -209,7 +209,7 @@ def write_card(models_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from course_lib.paths import data_dir
+    from course_lib.core.paths import data_dir
 
     parser = argparse.ArgumentParser(prog="python -m course_lib.models.quality", description=__doc__)
     parser.add_argument("--max-tokens", type=int, default=1_000_000)

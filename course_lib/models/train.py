@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         tok = build_tokenizer(args.out, args.vocab_size)
         print(f"tokenizer with {len(tok)} tokens saved to {args.out}")
         return 0
-    from course_lib.paths import data_dir
+    from course_lib.core.paths import data_dir
 
     tok_dir = args.tokenizer or data_dir() / "models" / "tokenizer"
     if args.smoke:

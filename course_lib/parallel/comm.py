@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from course_lib.fitting import nonneg_lstsq
+from course_lib.measure.fitting import nonneg_lstsq
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 #: Message sizes from one float to 64 MiB: ×16 apart up to 16 MiB, then closer, where a CPU's "link" changes
@@ -114,14 +114,14 @@ class Interconnect:
 
 
 def interconnects_path() -> Path:
-    from course_lib.paths import data_dir
+    from course_lib.core.paths import data_dir
 
     return data_dir() / "interconnects.json"
 
 
 @lru_cache(maxsize=4)
 def _load_links(path: str) -> dict[str, Interconnect]:
-    from course_lib.references import reference
+    from course_lib.measure.references import reference
 
     raw = json.loads(Path(path).read_text(encoding="utf-8"))
     out = {}
@@ -563,7 +563,7 @@ def _shape(model):
 
 
 def _gpu(gpu):
-    from course_lib.hardware import GpuSpec, gpu_spec
+    from course_lib.measure.hardware import GpuSpec, gpu_spec
 
     return gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
 
@@ -605,7 +605,7 @@ def memory_per_device(
     """Weights / (tp · pp) + the KV cache of ``batch`` sequences of ``context_len`` tokens, split by layers
     over ``pp`` and by KV heads over ``tp`` — but a KV head cannot be split: with tp > num_kv_heads
     each KV head is replicated, so the KV share stops shrinking at tp = num_kv_heads."""
-    from course_lib.costs import check_positive_int
+    from course_lib.measure.costs import check_positive_int
     from course_lib.models.accounting import kv_bytes_per_token, weight_bytes
 
     shape, spec = _shape(model), _gpu(gpu)
@@ -680,10 +680,10 @@ def estimate(
     communication (Megatron-LM: one all-reduce after attention, one after the MLP): 2 · layers / pp
     all-reduces of micro-batch · hidden · bytes over tp ranks. PP: one send of micro-batch · hidden ·
     bytes between stages. No overlap of communication with compute is assumed."""
-    from course_lib.costs import check_positive_int
-    from course_lib.dtypes import dtype_bytes
+    from course_lib.core.dtypes import dtype_bytes
+    from course_lib.measure.costs import check_positive_int
+    from course_lib.measure.roofline import min_time
     from course_lib.models.accounting import decode_flops, kv_bytes_per_token, weights_read_per_step
-    from course_lib.roofline import min_time
 
     shape, spec = _shape(model), _gpu(gpu)
     tp, pp, micro_batches = _degree("tp", tp), _degree("pp", pp), _degree("micro_batches", micro_batches)

@@ -237,7 +237,7 @@ def plot_timeline(timeline: Timeline, *, ax=None, title: str | None = None):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from course_lib.plots import DPI, FIGSIZE
+    from course_lib.measure.plots import DPI, FIGSIZE
 
     if not timeline.slots:
         raise ValueError("the timeline has no slots to draw")

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from course_lib.bench import Timing
 from course_lib.engine.layers import Linear, SkinnyLinear
 from course_lib.engine.model import LlamaEngineModel, apply_rope, rms_norm
+from course_lib.measure.bench import Timing
 
 REDUCE_SCATTER_METHODS = ("auto", "native", "all_to_all", "all_reduce")
 

@@ -1,10 +1,10 @@
 """Chapter 02's client side: serve requests to the engine, sweep lengths and batches, keep every token's time.
 
-The metrics themselves (TTFT, TPOT, percentiles, goodput, MFU, MBU) come from ``course_lib.metrics``
+The metrics themselves (TTFT, TPOT, percentiles, goodput, MFU, MBU) come from ``course_lib.measure.metrics``
 applied to the ``RequestTrace``s returned here; this module decides *what* to run (prompt lengths,
 batch sizes, the workloads of ``course_lib.serving.workload``, online vs batch serving) and fits
 latency ≈ a + b·input + c·output to what it measured. What it *should* cost is
-``course_lib.roofline.prefill_time`` / ``decode_time``. Introduced in 02_metrics_1_latency.ipynb.
+``course_lib.measure.roofline.prefill_time`` / ``decode_time``. Introduced in 02_metrics_1_latency.ipynb.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from course_lib.costs import check_positive_int
 from course_lib.engine.sampling import SamplingParams
-from course_lib.metrics import RequestTrace
+from course_lib.measure.costs import check_positive_int
+from course_lib.measure.metrics import RequestTrace
 from course_lib.serving.workload import Request, prompt_of_length
 
 

@@ -39,12 +39,12 @@ import torch.multiprocessing as mp
 
 from course_lib.engine.attention.contiguous import ContiguousBackend
 from course_lib.engine.sampling import SamplingParams
-from course_lib.metrics import SLO, RequestTrace, percentiles
+from course_lib.measure.metrics import SLO, RequestTrace, percentiles
 from course_lib.serving.traces import poisson_arrivals
 from course_lib.serving.workload import Request
 
 # ----------------------------------------------------------------------------- links
-#: GB/s per direction of the links a KV cache can cross. PCIe and NVLink 4 from ``course_lib.transfer.LINKS``
+#: GB/s per direction of the links a KV cache can cross. PCIe and NVLink 4 from ``course_lib.bottlenecks.transfer.LINKS``
 #: (references ``pcie_x16_bandwidth``, ``nvlink4_h100_bandwidth``: 900 GB/s bidirectional); InfiniBand NDR: one
 #: 400 Gb/s port per GPU (``infiniband_ndr_bandwidth``), the inter-node path of DistServe and Splitwise.
 INFINIBAND_NDR_GBPS = 400 / 8
@@ -53,7 +53,7 @@ INFINIBAND_NDR_GBPS = 400 / 8
 def link_gbps(link: str | float) -> float:
     """GB/s of ``link``: a key of ``transfer.LINKS`` ("pcie4_x16", "pcie5_x16", "nvlink4"), "infiniband_ndr",
     or a positive number of GB/s."""
-    from course_lib.transfer import LINKS
+    from course_lib.bottlenecks.transfer import LINKS
 
     if isinstance(link, (int, float)) and not isinstance(link, bool):
         if not math.isfinite(link) or link <= 0:
@@ -607,7 +607,7 @@ class SimConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from course_lib.hardware import gpu_spec
+        from course_lib.measure.hardware import gpu_spec
         from course_lib.models.accounting import ModelShape
 
         ModelShape.from_name(self.model)  # ValueError naming the presets
@@ -627,7 +627,7 @@ class _Costs:
     """Step times of one scenario, from ``models.accounting`` and the GPU's datasheet."""
 
     def __init__(self, cfg: SimConfig) -> None:
-        from course_lib.hardware import gpu_spec
+        from course_lib.measure.hardware import gpu_spec
         from course_lib.models.accounting import ModelShape, kv_bytes_per_token
 
         self.cfg = cfg
@@ -639,7 +639,7 @@ class _Costs:
         self.link = link_gbps(cfg.link) * 1e9
 
     def prefill(self, n_prompts: int) -> float:
-        from course_lib.roofline import prefill_time
+        from course_lib.measure.roofline import prefill_time
 
         return prefill_time(self.shape, self.cfg.prompt_len, self.flops, self.bw, self.cfg.dtype, batch=n_prompts)
 

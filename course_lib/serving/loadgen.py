@@ -8,7 +8,7 @@
 
 Every request streams; the client stamps each chunk with ``time.perf_counter()`` as it arrives, so TTFT
 includes the network, the server's queue and prefill, and TPOT/ITL the server's per-token path (event hop,
-detokenize, SSE write) on top of the engine's step. The numbers are ``course_lib.metrics.RequestTrace``s,
+detokenize, SSE write) on top of the engine's step. The numbers are ``course_lib.measure.metrics.RequestTrace``s,
 so percentiles, throughput and goodput come from ``summarize`` exactly as for in-process runs. A request
 that fails (429, 504, a broken stream) keeps its error and counts against goodput. Introduced in
 06_batching_serving.ipynb.
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from course_lib.engine.sampling import SamplingParams
-from course_lib.metrics import SLO, RequestTrace, ServingSummary, percentiles, summarize
+from course_lib.measure.metrics import SLO, RequestTrace, ServingSummary, percentiles, summarize
 from course_lib.serving.workload import Request
 
 LOADGEN_PS = (50, 90, 99)
@@ -379,8 +379,8 @@ def main(argv=None) -> None:
     """``python -m course_lib.serving.loadgen --url http://127.0.0.1:8000 --n 32 --rate 4``: benchmark a server."""
     import argparse
 
+    from course_lib.core.paths import data_dir
     from course_lib.models.train import load_tokenizer
-    from course_lib.paths import data_dir
     from course_lib.serving.workload import make_workload, prompt_pool
 
     ap = argparse.ArgumentParser(description=main.__doc__)

@@ -32,8 +32,8 @@ from course_lib.engine.attention.paged import PagedBackend
 from course_lib.engine.sampling import SamplingParams
 from course_lib.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from course_lib.engine.sequence import Sequence
-from course_lib.fitting import nonneg_lstsq
-from course_lib.metrics import SLO, RequestTrace, ServingSummary, summarize
+from course_lib.measure.fitting import nonneg_lstsq
+from course_lib.measure.metrics import SLO, RequestTrace, ServingSummary, summarize
 from course_lib.serving.traces import Trace
 
 KV_CACHES = ("contiguous", "paged")
@@ -58,7 +58,7 @@ def roofline_cost_model(model: str = "llama-3-8b", gpu: str = "H100 SXM", dtype:
     serving GPU: a = weight bytes / bandwidth (a decode step streams every weight once, whatever its batch),
     b = 2·matmul params / peak FLOP/s per prefill token (prefill is compute-bound), c = 0, and d = KV bytes per
     token / bandwidth (each decode row reads its own context). Lower bounds: real kernels reach 50-80%."""
-    from course_lib.hardware import gpu_spec
+    from course_lib.measure.hardware import gpu_spec
     from course_lib.models.accounting import ModelShape, kv_bytes_per_token, matmul_params, weight_bytes
 
     shape, spec = ModelShape.from_name(model), gpu_spec(gpu)

@@ -315,7 +315,7 @@ def merge_traces(*traces: Trace, name: str | None = None) -> Trace:
 
 def traces_dir() -> Path:
     """``data/traces/``: the traces chapter 06 ships."""
-    from course_lib.paths import data_dir
+    from course_lib.core.paths import data_dir
 
     return data_dir() / "traces"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from course_lib.costs import check_positive_int
+from course_lib.measure.costs import check_positive_int
 
 
 # ----------------------------------------------------------------------------- prompts and requests

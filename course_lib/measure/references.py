@@ -8,7 +8,7 @@ date, and the date the course read it. The works the course follows (Huyen's *AI
 NVIDIA's "Mastering LLM Techniques: Inference Optimization", Xiao & Zhu's *Foundations of Large
 Language Models*) are entries too, so prose cites them the same way::
 
-    from course_lib import references
+    from course_lib.measure import references
     references.cite("huyen")                    # a markdown citation of a work
     references.cite("gpt_fast_mbu_llama2_7b")   # "gpt-fast (PyTorch blog), Nov 2023: 72% MBU ..."
     references.reference("gpt_fast_llama2_7b_fp16_tok_s").value   # 104.9
@@ -27,7 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from course_lib.paths import data_dir
+from course_lib.core.paths import data_dir
 
 KINDS = ("work", "figure", "datasheet")
 REQUIRED = ("key", "kind", "what", "source", "short", "url", "date", "retrieved")

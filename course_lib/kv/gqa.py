@@ -3,7 +3,7 @@
     rows = kv_heads_rows(kv_heads=(8, 2, 1), batch=8, contexts=(256, 1024))   # bytes + predicted/measured ms
     mqa = convert_kv_heads(hf_model, 1)                                        # mean-pool K/V heads (Ainslie 2023)
     log = uptrain(mqa, tokenizer, steps=200)                                   # brief continued pre-training
-    python -m course_lib.gqa uptrain --kv-heads 1 --steps 200 --out data/models/tiny-target-mqa
+    python -m course_lib.kv.gqa uptrain --kv-heads 1 --steps 200 --out data/models/tiny-target-mqa
 
 A decode step is bandwidth-bound: it streams every weight once plus each sequence's whole KV cache,
 2 · layers · kv_heads · head_dim · bytes per token. Queries keep all their heads; only K/V are shared
@@ -91,7 +91,7 @@ def bench_model(spec: TinySpec, tokenizer, dtype: str = "fp32", seed: int = 0):
     """A random-weight ``LlamaForCausalLM`` of ``spec`` (speed only: its text is noise), eval mode, CPU."""
     from transformers import LlamaForCausalLM
 
-    from course_lib.dtypes import torch_dtype
+    from course_lib.core.dtypes import torch_dtype
 
     if not isinstance(spec, TinySpec):
         raise ValueError(f"spec must be a TinySpec (see bench_spec), got {type(spec).__name__}")
@@ -107,7 +107,7 @@ def decode_step_timing(engine, batch: int, context: int, repeats: int = 10, warm
     ``append`` without a prefill (the step time does not depend on the cached values), then every timed
     call appends one token per sequence, runs ``engine.forward`` and truncates back, so each sample is the
     same step. The engine must be idle and its backend must hold ``batch`` sequences of ``context`` tokens."""
-    from course_lib.bench import benchmark
+    from course_lib.measure.bench import benchmark
 
     _check_int("batch", batch)
     _check_int("context", context, 2)
@@ -176,7 +176,7 @@ class KVHeadsRow:
 
 def default_bandwidth() -> float:
     """This machine's measured STREAM bandwidth in bytes/s (``hardware.machine_peaks``, cached per machine)."""
-    from course_lib.hardware import machine_peaks
+    from course_lib.measure.hardware import machine_peaks
 
     return machine_peaks().bandwidth
 
@@ -208,9 +208,9 @@ def kv_heads_rows(
     default bandwidth is the one measured with that many threads. ``peak_flops`` (default: the measured
     matmul peak) gives each row's ``compute_ms``: attention FLOPs grow with context whatever the KV heads,
     so with few KV heads on a slow core the step stops being purely bandwidth-bound."""
-    from course_lib.hardware import machine_peaks, timing_threads
+    from course_lib.core.paths import data_dir
+    from course_lib.measure.hardware import machine_peaks, timing_threads
     from course_lib.models.train import load_tokenizer
-    from course_lib.paths import data_dir
 
     kv_heads = _check_ints("kv_heads", kv_heads)
     contexts = _check_ints("contexts", contexts, 2)
@@ -576,7 +576,7 @@ def plot_uptrain(log: dict, ax=None, original_ppl: float | None = None):
 
 
 def uptrained_dir() -> Path:
-    from course_lib.paths import data_dir
+    from course_lib.core.paths import data_dir
 
     return data_dir() / "models" / UPTRAINED_NAME
 
@@ -593,7 +593,7 @@ def load_uptrained(path: str | Path | None = None):
 
 
 def _machine() -> dict:
-    from course_lib.hardware import detect_device, physical_cores
+    from course_lib.measure.hardware import detect_device, physical_cores
 
     return {
         "cpu": detect_device("cpu").name,
@@ -671,7 +671,7 @@ def run_uptrain(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m course_lib.gqa", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m course_lib.kv.gqa", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("uptrain", help="convert tiny-target's KV heads by mean-pooling, then uptrain")
@@ -704,7 +704,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
         return 0
-    command = "python -m course_lib.gqa " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    command = "python -m course_lib.kv.gqa " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+    )
     info = run_uptrain(
         args.out,
         args.kv_heads,

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from course_lib.costs import check_positive_int, copy_cost, matmul_cost, triad_cost
-from course_lib.dtypes import canonical, dtype_bytes, torch_dtype
-from course_lib.mode import pick
+from course_lib.core.dtypes import canonical, dtype_bytes, torch_dtype
+from course_lib.core.mode import pick
+from course_lib.measure.costs import check_positive_int, copy_cost, matmul_cost, triad_cost
 
 SPEC_DTYPES = ("bf16", "fp16", "fp8", "fp32")
 _SPEC_KEYS = (
@@ -481,7 +481,7 @@ def _load_specs(path: str) -> dict[str, GpuSpec]:
 
 
 def _spec_path() -> Path:
-    from course_lib.paths import data_dir
+    from course_lib.core.paths import data_dir
 
     return data_dir() / "gpu_specs.json"
 
@@ -593,7 +593,7 @@ def machine_fingerprint(device: str | None = None) -> dict[str, object]:
     """What must match for stored peaks to be reused: the device (CPU model and physical cores, or GPU
     name and compute capability), torch's thread count on a CPU (a change of thread count is a different
     machine), the torch version and the course mode (it sets the sizes measured)."""
-    from course_lib.mode import mode
+    from course_lib.core.mode import mode
 
     kind = _resolve_kind(device)
     info = detect_device(kind)
@@ -738,7 +738,7 @@ def measure_bandwidth(
 ):
     """Time a STREAM-like ``copy`` (b = a) or ``triad`` (a = b + s·c) over arrays of ``n_bytes``
     each; bytes counted as reads + writes. Returns a ``bench.Timing`` whose ``gbps`` is the answer."""
-    from course_lib.bench import benchmark
+    from course_lib.measure.bench import benchmark
 
     if kind not in ("copy", "triad"):
         raise ValueError(f"kind must be 'copy' or 'triad', got {kind!r}")
@@ -774,7 +774,7 @@ def measure_bandwidth(
 
 def measure_matmul(dtype: str = "fp32", *, n: int | None = None, device: str | None = None, repeats: int | None = None):
     """Time an n×n×n matmul in ``dtype``; 2·n³ FLOPs. Returns a ``bench.Timing`` (``tflops``)."""
-    from course_lib.bench import benchmark
+    from course_lib.measure.bench import benchmark
 
     name = canonical(dtype)
     dev = _resolve_kind(device)

@@ -20,7 +20,7 @@ target is tiny (5M parameters, V = 4096, D = 256), so one head's D×V + D² is ~
 target forward's weight reads: the cost ratio c is not negligible here, ``measure_medusa`` measures it.
 Decode stays bandwidth-bound; a verify over K+1 (or 1+nodes) positions reads the weights once.
 
-    python -m course_lib.engine.medusa train --heads 4 --steps 300 --batch 8 --seq-len 256 --lr 2e-3 \\
+    python -m course_lib.engine.speculative.medusa train --heads 4 --steps 300 --batch 8 --seq-len 256 --lr 2e-3 \\
         --seed 0 --eval-every 100 --threads 2 --out data/models/tiny-target-medusa
     heads = load_medusa("tiny-target-medusa", target)
     SpeculativeDecoder(target, MedusaProposer(heads, target), gamma=heads.num_heads).generate(prompts)
@@ -175,7 +175,7 @@ def save_medusa(heads: MedusaHeads, out: str | Path, dtype: torch.dtype = torch.
 
 
 def _resolve(path) -> Path:
-    from course_lib.paths import data_dir
+    from course_lib.core.paths import data_dir
 
     if not isinstance(path, (str, Path)) or not str(path).strip():
         raise ValueError(f"path must be {EMBEDDED_NAME!r} or a folder holding {WEIGHTS_FILE}, got {path!r}")
@@ -283,9 +283,9 @@ def train_heads(
     """Train Medusa heads on the frozen ``target`` with Σ_k 0.8^k·CE(head_k(h_t), x_{t+1+k}); the defaults
     are a notebook's quick run (seconds). Returns the log: per step the training loss, per evaluation the
     validation loss and top-1 accuracy of every head. With ``out`` the heads, ``train_log.json`` are saved."""
+    from course_lib.core.paths import data_dir
     from course_lib.models.train import get_batch, load_tokenizer, lr_at, make_optimizer, run_info, token_ids
     from course_lib.models.train import warmup_steps as warmup_of
-    from course_lib.paths import data_dir
 
     _check_engine(target)
     for name, value in (("num_heads", num_heads), ("steps", steps), ("batch", batch), ("seq_len", seq_len)):
@@ -676,7 +676,7 @@ CODE_PROMPTS = (
 
 def _best_time(fn, repeats: int) -> float:
     """The least-disturbed of ``repeats`` runs (other jobs only ever add time): ``bench.benchmark``'s best."""
-    from course_lib.bench import benchmark
+    from course_lib.measure.bench import benchmark
 
     return benchmark(fn, warmup=0, repeats=repeats, label="medusa").best_s
 
@@ -705,7 +705,7 @@ def measure_medusa(
     ``SpeculativeDecoder``) vs the Medusa tree. Per method: per-head (per-depth) acceptance, tokens per
     target forward, c (heads' seconds per draft token / seconds per verify forward), best-of-``repeats``
     seconds, speedup over plain and whether every output was token-identical to plain greedy."""
-    from course_lib.report import machine_name
+    from course_lib.measure.report import machine_name
 
     _check_engine(target)
     heads.check_target(target)
@@ -775,7 +775,7 @@ def format_medusa_table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m course_lib.engine.medusa",
+        prog="python -m course_lib.engine.speculative.medusa",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -793,7 +793,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    command = "python -m course_lib.engine.medusa " + " ".join(
+    command = "python -m course_lib.engine.speculative.medusa " + " ".join(
         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
     )
     torch.set_num_threads(args.threads)

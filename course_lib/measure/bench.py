@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from course_lib.mode import pick
+from course_lib.core.mode import pick
 
 
 def _quantile(sorted_samples: list[float], q: float) -> float:
@@ -161,7 +161,7 @@ def _device_kind(device) -> str:
 
 def _peaks_for(kind: str, dtype: str | None, peaks) -> tuple[float | None, float | None, float | None, float | None]:
     """(measured FLOP/s, measured B/s, datasheet FLOP/s, datasheet B/s) where known; never measures."""
-    from course_lib import hardware
+    from course_lib.measure import hardware
 
     mf = mb = df = db = None
     measured = hardware.cached_peaks(kind) if peaks is None else (peaks or None)
@@ -198,7 +198,7 @@ def benchmark(
 ) -> Timing:
     """Time ``fn()``: ``warmup`` untimed calls, then ``repeats`` timed ones, each bracketed by a
     device synchronisation. ``flops``/``bytes`` are what one call does (counted by you, e.g. with
-    ``course_lib.costs``); ``dtype`` picks which FLOP/s peak the %-of-peak columns use.
+    ``course_lib.measure.costs``); ``dtype`` picks which FLOP/s peak the %-of-peak columns use.
 
     GPU: CUDA events recorded around each call, one synchronisation at the end (what
     ``triton.testing.do_bench`` does). CPU, or when ``sync``/``timer`` are given (tests pass stubs):
@@ -212,7 +212,7 @@ def benchmark(
     flops = _check_amount("flops", flops)
     bytes = _check_amount("bytes", bytes)
     if dtype is not None:
-        from course_lib.dtypes import canonical
+        from course_lib.core.dtypes import canonical
 
         dtype = canonical(dtype)
     kind = _device_kind(device)

@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from course_lib.paths import build_dir
+from course_lib.core.paths import build_dir
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Record:
 
 def machine_name() -> str:
     """One line naming the machine a number was measured on (GPU name, else CPU model and threads used)."""
-    from course_lib.hardware import detect_device
+    from course_lib.measure.hardware import detect_device
 
     info = detect_device()
     if info.kind == "cuda":

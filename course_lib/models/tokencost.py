@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from course_lib.core.paths import data_dir
 from course_lib.models.corpus import EOS, corpus_text
-from course_lib.paths import data_dir
 
 #: Characters of the train split the BPEs learn from (about 0.4 s on 2 cores for 8,192 tokens).
 TRAIN_CHARS = 1_000_000

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from course_lib.costs import check_positive_int
-from course_lib.dtypes import dtype_bytes
+from course_lib.core.dtypes import dtype_bytes
+from course_lib.measure.costs import check_positive_int
 from course_lib.models.accounting import (
     ModelShape,
     decode_flops,
@@ -110,7 +110,7 @@ class Roof:
     @classmethod
     def from_spec(cls, gpu: str, dtype: str = "bf16") -> "Roof":
         """The datasheet roof of a GPU from ``data/gpu_specs.json``."""
-        from course_lib.hardware import gpu_spec
+        from course_lib.measure.hardware import gpu_spec
 
         spec = gpu_spec(gpu)
         return cls(f"{spec.name} {dtype} (datasheet)", spec.peak_flops(dtype), spec.bandwidth, "datasheet")
@@ -160,7 +160,7 @@ def _shape(model) -> ModelShape:
 
 
 def _spec(gpu):
-    from course_lib.hardware import gpu_spec
+    from course_lib.measure.hardware import gpu_spec
 
     return gpu if hasattr(gpu, "memory_gb") else gpu_spec(gpu)
 

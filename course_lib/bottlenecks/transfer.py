@@ -153,8 +153,8 @@ def measure_h2d(
     events, warm-up excluded, median of the repeats). ``pinned``: page-locked host memory, which the
     GPU's DMA engines read directly; pageable memory is staged through a pinned buffer by the driver
     (slower). Raises NeedsCudaError (message: SKIP_MESSAGE) where there is no CUDA GPU."""
-    from course_lib.bench import benchmark
-    from course_lib.mode import pick
+    from course_lib.core.mode import pick
+    from course_lib.measure.bench import benchmark
 
     sizes = _check_sizes(
         pick((1 << 20, 16 << 20, 64 << 20), (1 << 16, 1 << 20, 16 << 20, 256 << 20, 1 << 30))
@@ -204,6 +204,6 @@ def measure_cpu_copy(n_bytes: int | None = None, repeats: int | None = None):
     """On a CPU the "host→device copy" is a memcpy within DRAM: ``hardware.measure_bandwidth("copy")``.
     Returns its ``bench.Timing``; ``gbps`` counts bytes read + written (STREAM's convention), so the
     payload moved per second is half of it — compare that half with measure_h2d's GB/s."""
-    from course_lib import hardware
+    from course_lib.measure import hardware
 
     return hardware.measure_bandwidth("copy", n_bytes=n_bytes, device="cpu", repeats=repeats)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from course_lib.costs import check_positive_int
-from course_lib.dtypes import canonical, torch_dtype
+from course_lib.core.dtypes import canonical, torch_dtype
+from course_lib.measure.costs import check_positive_int
 
 
 def tiny_llama(
@@ -78,7 +78,7 @@ def _ids(model, batch: int, n: int, seed: int) -> torch.Tensor:
 @torch.inference_mode()
 def time_prefill(model, shape, *, batch: int, n_tokens: int, dtype: str = "fp32", repeats: int | None = None):
     """Time one forward pass over (batch, n_tokens) prompt tokens; FLOPs/bytes from accounting."""
-    from course_lib.bench import benchmark
+    from course_lib.measure.bench import benchmark
     from course_lib.models.accounting import prefill_flops, prefill_step_bytes
 
     check_positive_int("batch", batch)
@@ -104,7 +104,7 @@ def time_decode(model, shape, *, batch: int, context_len: int = 16, dtype: str =
     one token. The cache is cropped back after every step so each timed call sees the same context."""
     from transformers import DynamicCache
 
-    from course_lib.bench import benchmark
+    from course_lib.measure.bench import benchmark
     from course_lib.models.accounting import decode_flops, decode_step_bytes
 
     check_positive_int("batch", batch)
@@ -152,7 +152,7 @@ def unet_block(channels: int = 64, *, seed: int = 0) -> torch.nn.Module:
 def unet_block_cost(channels: int, h: int, w: int, batch: int = 1, dtype: str = "fp32"):
     """Two convolutions dominate: FLOPs of both; bytes = both convs' weights + image in and out
     (the intermediate activations counted once each way, a lower bound for an unfused block)."""
-    from course_lib.costs import Cost, conv2d_cost
+    from course_lib.measure.costs import Cost, conv2d_cost
 
     conv = conv2d_cost(batch, channels, channels, h, w, 3, dtype)
     return Cost(f"UNet block C={channels} {h}x{w}", 2 * conv.flops, 2 * conv.bytes)

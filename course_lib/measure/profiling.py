@@ -1,9 +1,9 @@
 """Chapter 02's profiling helpers: where a decode step's time goes, and how busy the hardware looked.
 
-A decode step is bandwidth-bound (``course_lib.roofline.decode_time``) — and, for a model as small
+A decode step is bandwidth-bound (``course_lib.measure.roofline.decode_time``) — and, for a model as small
 as ours, sits on a floor the roofline does not see: every one of the few hundred torch ops in a step
 pays a fixed dispatch cost (``count_ops``, ``per_op_overhead_s``). ``time_matmuls`` times the step's
-matmuls alone (with ``course_lib.bench.benchmark``), and ``cpu_busy`` / ``gpu_utilization_reader`` /
+matmuls alone (with ``course_lib.measure.bench.benchmark``), and ``cpu_busy`` / ``gpu_utilization_reader`` /
 ``sample_while`` show what "utilization" measures — and what it does not. Introduced in 02_metrics_1_latency.ipynb
 (``op_size_sweep``: 01_bottlenecks.ipynb).
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course_lib.costs import check_positive_int
+from course_lib.measure.costs import check_positive_int
 
 
 # ----------------------------------------------------------------------------- the per-op floor
@@ -66,8 +66,8 @@ def op_size_sweep(sizes, *, device: str | torch.device = "cpu", dtype: str = "fp
     *overhead-bound*), large ones on a slope (bytes / bandwidth): the third regime, beside compute- and
     bandwidth-bound (Horace He, *Making Deep Learning Go Brrrr From First Principles*). Introduced in
     01_bottlenecks.ipynb."""
-    from course_lib.bench import benchmark
-    from course_lib.dtypes import canonical, dtype_bytes, torch_dtype
+    from course_lib.core.dtypes import canonical, dtype_bytes, torch_dtype
+    from course_lib.measure.bench import benchmark
 
     sizes = [check_positive_int("sizes", n) for n in sizes]
     if not sizes:
@@ -112,7 +112,7 @@ def time_matmuls(engine, batch: int = 1, repeats: int | None = None):
     """Time only the matmuls of one decode step — ``batch`` rows through every linear layer of
     ``engine.model.linears()``, one ``lin(x)`` call each — with ``bench.benchmark``; bytes = the weights
     read once. Compared with the whole step, it splits TPOT into "streaming the weights" and "everything else"."""
-    from course_lib.bench import benchmark
+    from course_lib.measure.bench import benchmark
 
     check_positive_int("batch", batch)
     lins = [lin for _, lin in engine.model.linears()]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from course_lib.dtypes import dtype_bytes
+from course_lib.core.dtypes import dtype_bytes
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from course_lib.bench import benchmark
 from course_lib.engine.engine import Engine
 from course_lib.engine.sampling import SamplingParams
+from course_lib.measure.bench import benchmark
 from course_lib.models.accounting import ModelShape, kv_bytes_per_token, weights_read_per_step
 
 PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n"

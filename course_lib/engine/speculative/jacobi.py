@@ -374,7 +374,7 @@ def plot_jacobi_trace(trace: JacobiTrace, *, ax=None, max_tokens: int | None = 6
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    from course_lib.plots import FIGSIZE, new_axes
+    from course_lib.measure.plots import FIGSIZE, new_axes
 
     g = trace.grid()
     if max_tokens is not None:
@@ -417,7 +417,7 @@ def measure_jacobi(
     rounds, each timing every method once, after one warm-up), and whether every output is
     token-identical to plain.
     ``lookahead``: LookaheadProposer keyword arguments (default window 4, 4-grams, pool 8)."""
-    from course_lib.bench import benchmark
+    from course_lib.measure.bench import benchmark
 
     engine = engine or Engine("tiny-target")
     repeats = _check_int("repeats", repeats, "timed runs per method")

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 
 from course_lib.engine.sampling import SamplingParams
 from course_lib.engine.speculative import SpeculativeDecoder, best_gamma, expected_speedup, expected_tokens
-from course_lib.plots import DPI, FIGSIZE, as_outputs
+from course_lib.measure.plots import DPI, FIGSIZE, as_outputs
 
 # Prompts. "grounded": the answer copies the prompt (continue or edit code that is in the context), the
 # case prompt lookup is made for; "free": nothing to copy from.
@@ -45,7 +45,7 @@ FREE_PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", 
 def best_of(fn: Callable[[], object], repeats: int) -> float:
     """The smallest wall time of ``repeats`` calls of ``fn`` (the least disturbed run), in seconds:
     ``bench.benchmark``'s best sample, without warm-up (the callers warm up themselves)."""
-    from course_lib.bench import benchmark
+    from course_lib.measure.bench import benchmark
 
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ValueError(f"repeats must be an int ≥ 1, got {repeats!r}")
@@ -242,7 +242,7 @@ def table(rows: Sequence[SpecRow]) -> str:
 
 def plot_gamma_sweep(rows: Sequence[SpecRow], ax=None, title: str = ""):
     """Measured speed-up vs γ for each method, with the formula (α, c of each row) as lines."""
-    from course_lib.plots import new_axes
+    from course_lib.measure.plots import new_axes
 
     fig, ax = new_axes(ax)
     methods = list(dict.fromkeys(r.method for r in rows))

@@ -22,8 +22,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from course_lib.costs import check_positive_int
-from course_lib.dtypes import DTYPE_NAMES, canonical
+from course_lib.core.dtypes import DTYPE_NAMES, canonical
+from course_lib.measure.costs import check_positive_int
 from course_lib.models.accounting import (
     PRESETS,
     ModelShape,
@@ -61,7 +61,7 @@ def _dtype(name: str, value) -> str:
 
 
 def _gpu(gpu):
-    from course_lib.hardware import GpuSpec, gpu_names, gpu_spec
+    from course_lib.measure.hardware import GpuSpec, gpu_names, gpu_spec
 
     if isinstance(gpu, GpuSpec):
         return gpu
@@ -288,7 +288,7 @@ def kv_on_off(
     the idle cores). Introduced in 05_attention_kv_cache.ipynb."""
     import torch
 
-    from course_lib.hardware import timing_threads
+    from course_lib.measure.hardware import timing_threads
 
     lengths = _check_lengths(lengths)
     check_positive_int("repeats", repeats)
@@ -352,7 +352,7 @@ def plot_kv_on_off(result: KvOnOff, *, ax=None):
     """Total time to reach each length, with and without the cache: measured points and the predicted curves
     (``fixed_s + FLOPs / flop_rate`` per step, constants from separate no-cache steps), on log-log axes where
     the no-cache line's slope of ~2 against the cached one's ~1 is the L² vs L of the FLOP model."""
-    from course_lib.plots import new_axes
+    from course_lib.measure.plots import new_axes
 
     if not isinstance(result, KvOnOff):
         raise ValueError(f"result must be the KvOnOff that kv_on_off returns, got {type(result).__name__}")
@@ -445,7 +445,7 @@ def fit_requests(
     (in ``weights_dtype``, default ``dtype``) in ``usable`` of one GPU's memory (``hardware.gpu_spec``;
     0.9 is vLLM's default ``gpu_memory_utilization``). 0 when not even one does, or the weights alone
     overflow. Activations and the CUDA context are not counted: a real engine fits somewhat fewer."""
-    from course_lib.roofline import fits_in_memory
+    from course_lib.measure.roofline import fits_in_memory
 
     shape, spec = _shape(model), _gpu(gpu)
     dtype = _dtype("dtype", dtype)
@@ -460,7 +460,7 @@ def draw_kv(model, gpu, dtype: str, context: int, batch: int) -> tuple[Figure, s
     + KV cache of ``batch`` requests against context, next to the GPU's usable memory. A ``Figure`` of its
     own (no pyplot state). A combination that cannot run (weights that do not fit, a dtype the GPU lacks,
     a context past the model's window) gives a line of text saying so, never an exception."""
-    from course_lib.roofline import device_bytes
+    from course_lib.measure.roofline import device_bytes
 
     shape, spec = _shape(model), _gpu(gpu)
     dtype = _dtype("dtype", dtype)
@@ -521,7 +521,7 @@ def draw_kv(model, gpu, dtype: str, context: int, batch: int) -> tuple[Figure, s
 
 def kv_explorer_outputs(model, gpu, dtype: str, context: int, batch: int) -> tuple[dict, ...]:
     """The explorer's output area for one choice, as notebook outputs (a text stream and a PNG)."""
-    from course_lib.plots import as_outputs
+    from course_lib.measure.plots import as_outputs
 
     try:
         fig, text = draw_kv(model, gpu, dtype, context, batch)
@@ -536,7 +536,7 @@ def kv_explorer(default_model: str = "llama-2-7b", default_gpu: str = "H100 SXM"
     ``Output`` widget's outputs in one assignment, as ``plots.phase_explorer`` does."""
     import ipywidgets as widgets
 
-    from course_lib.hardware import gpu_names
+    from course_lib.measure.hardware import gpu_names
 
     controls = {
         "model": widgets.Dropdown(options=sorted(PRESETS), value=default_model, description="model"),
@@ -648,11 +648,11 @@ def paged_step_times(
     truncates it back, so every repeat decodes at the same length."""
     import torch
 
-    from course_lib.bench import benchmark
     from course_lib.engine import Engine, SchedulerConfig
     from course_lib.engine.attention import ContiguousBackend
     from course_lib.engine.attention.paged import PagedBackend
     from course_lib.engine.model import LlamaEngineModel
+    from course_lib.measure.bench import benchmark
     from course_lib.models.load import load_model
 
     for name, value in (("batch", batch), ("context", context), ("repeats", repeats), ("rounds", rounds)):

@@ -17,7 +17,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from course_lib.roofline import PhaseReport, Point, Roof
+from course_lib.measure.roofline import PhaseReport, Point, Roof
 
 FIGSIZE = (7, 4)
 DPI = 80
@@ -172,8 +172,8 @@ def draw_phases(gpu: str, model: str, batch: int, dtype: str, context_len: int) 
     """The explorer's picture and text for one choice: a ``Figure`` of its own (no pyplot state, safe
     from any thread) and the ``PhaseReport`` text. A dtype the GPU lacks adds a note and falls back to
     the chip's own compute roof instead of failing."""
-    from course_lib.hardware import gpu_spec
-    from course_lib.roofline import llm_phases
+    from course_lib.measure.hardware import gpu_spec
+    from course_lib.measure.roofline import llm_phases
 
     compute, note = _compute_dtype(gpu_spec(gpu), dtype)
     report = llm_phases(
@@ -213,7 +213,7 @@ def phase_explorer(default_gpu: str = "H100 SXM", default_model: str = "llama-2-
     figure or ``with output:`` capture, that does not depend on which thread or message runs the callback."""
     import ipywidgets as widgets
 
-    from course_lib.hardware import gpu_names
+    from course_lib.measure.hardware import gpu_names
     from course_lib.models.accounting import PRESETS
 
     controls = {
