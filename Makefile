@@ -19,7 +19,7 @@ export PYTHONHASHSEED := 0
 
 help:
 	@echo "make course  - execute every notebook ($(COURSE_MODE) mode) into build/ and write build/REPORT.md"
-	@echo "make test    - ruff (lint + format check), unit tests, nbval over all notebooks"
+	@echo "make test    - ruff (lint + format check), import layers, unit tests, nbval over all notebooks"
 	@echo "make chapter NB=01 - re-execute one chapter from its .py source into notebooks/ (CONTRIBUTING.md)"
 	@echo "make lab     - open JupyterLab on the course"
 
@@ -46,6 +46,7 @@ chapter: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache  # the layout's arrows go down only, no import cycles (pyproject.toml)
 
 unit: install
 	$(BIN)/python -m pytest -q tests

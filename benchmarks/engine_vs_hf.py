@@ -14,7 +14,8 @@ import json
 
 from course_lib.bottlenecks.engine_vs_hf import as_dicts, engine_vs_hf, format_rows, profile_decode_step
 from course_lib.engine.engine import Engine
-from course_lib.measure.hardware import detect_device, measured_peaks
+from course_lib.measure.hardware.device import detect_device
+from course_lib.measure.microbench import measured_peaks
 from course_lib.models.family import SPECS
 from course_lib.models.load import EMBEDDED, random_model
 

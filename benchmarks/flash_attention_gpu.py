@@ -17,7 +17,6 @@ Nothing here touches a GPU (or Triton) at import time.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 SWEEP = [dict(block_m=bm, block_n=bn) for bm in (64, 128) for bn in (32, 64, 128)]
@@ -39,15 +38,12 @@ def _parse(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _rel_err(out, ref) -> float:
-    return float((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp(min=1e-12))
-
-
 def run(args) -> list[dict]:
     import torch
-    from triton.testing import do_bench
 
     from course_lib.kernels import flash_attention as fa
+    from course_lib.kernels.flash_attention_costs import attention_flops, naive_attention_bytes
+    from course_lib.kernels.gpu_bench import best_config, gpu_seconds, rel_err
 
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
     dev = torch.device("cuda")
@@ -56,7 +52,7 @@ def run(args) -> list[dict]:
     rows = []
 
     def bench(fn) -> float:
-        return do_bench(fn, rep=args.rep, return_mode="median") * 1e-3  # seconds
+        return gpu_seconds(fn, args.rep)
 
     for d in args.head_dims:
         for T in args.lengths:
@@ -67,27 +63,26 @@ def run(args) -> list[dict]:
                 v = torch.randn(B, Hkv, T, d, device=dev, generator=gen).to(dt)
                 for mode in args.causal:
                     causal = mode == "causal"
-                    flops = fa.attention_flops(B, H, T, T, d, causal)
+                    flops = attention_flops(B, H, T, T, d, causal)
                     calls = {
                         "sdpa": lambda: fa.flash_attention_torch(q, k, v, causal),
                         "flash": lambda: fa.flash_attention_fwd(q, k, v, causal, path="triton"),
                     }
                     ref = calls["sdpa"]()
-                    errs = {"sdpa": 0.0, "flash": _rel_err(calls["flash"](), ref)}
-                    if fa.naive_attention_bytes(B, H, T, dt, head_dim=d) <= args.naive_max_gb * 1e9:
+                    errs = {"sdpa": 0.0, "flash": rel_err(calls["flash"](), ref)}
+                    if naive_attention_bytes(B, H, T, dt, head_dim=d) <= args.naive_max_gb * 1e9:
                         calls["naive"] = lambda: fa.attention_naive(q, k, v, causal)
-                        errs["naive"] = _rel_err(calls["naive"](), ref)
+                        errs["naive"] = rel_err(calls["naive"](), ref)
                     times = {name: bench(fn) for name, fn in calls.items()}
                     best_t, best_cfg = times["flash"], {}
                     if args.sweep:
-                        for cfg in SWEEP:
-                            try:
-                                t = bench(lambda: fa.flash_attention_fwd(q, k, v, causal, path="triton", **cfg))
-                            except Exception as e:  # a config that does not fit (shared memory, registers)
-                                print(f"  {cfg} failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
-                                continue
-                            if t < best_t:
-                                best_t, best_cfg = t, cfg
+                        t, cfg = best_config(
+                            lambda cfg: lambda: fa.flash_attention_fwd(q, k, v, causal, path="triton", **cfg),
+                            SWEEP,
+                            bench,
+                        )
+                        if t < best_t:
+                            best_t, best_cfg = t, cfg
                     for name, t in times.items():
                         rows.append(
                             dict(
@@ -141,10 +136,9 @@ def main(argv=None) -> int:
     args = _parse(argv)
     import torch
 
-    if not torch.cuda.is_available():
-        print(
-            "flash_attention_gpu.py needs a CUDA GPU (the Triton interpreter on a CPU times nothing useful); skipped."
-        )
+    from course_lib.kernels.gpu_bench import cuda_or_skip, device_meta, write_rows
+
+    if not cuda_or_skip("flash_attention_gpu.py"):
         return 0
     if "bf16" in args.dtypes and not torch.cuda.is_bf16_supported():
         args.dtypes = [d for d in args.dtypes if d != "bf16"]
@@ -157,10 +151,7 @@ def main(argv=None) -> int:
     if verdict["worst"]:
         print(f"worst: {verdict['worst']}")
     if args.out:
-        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, batch=args.batch)
-        with open(args.out, "w") as f:
-            json.dump(dict(meta=meta, summary=verdict, rows=rows), f, indent=1)
-        print(f"wrote {len(rows)} rows to {args.out}")
+        write_rows(args.out, rows, device_meta(batch=args.batch), summary=verdict)
     return 0
 
 

@@ -56,8 +56,8 @@ step tests 170 $PY -m pytest -q -p no:cacheprovider -o addopts= --timeout 90 --j
     tests/test_intensity_kernel.py tests/test_transfer.py tests/test_hardware.py tests/test_models.py
 step peaks 60 $PY -c "
 import json, os
-from course_lib import hardware
-p = hardware.measured_peaks('cuda', refresh=True)
+from course_lib.measure import microbench
+p = microbench.measured_peaks('cuda', refresh=True)
 print(p)
 print(p.provenance)
 import dataclasses

@@ -20,8 +20,8 @@ import statistics
 
 import torch
 
-from course_lib.engine.attention.paged import fragmentation, request_mix, sharing
-from course_lib.kv.kvcache import paged_step_times
+from course_lib.kv.paged_memory import fragmentation, request_mix, sharing
+from course_lib.kv.paged_timing import paged_step_times
 from course_lib.measure.report import machine_name
 
 MAX_MODEL_LEN = 2048

@@ -15,7 +15,6 @@ Nothing here touches a GPU (or Triton) at import time.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 SHAPES = ((4096, 4096), (8192, 8192), (4096, 14336), (14336, 4096))  # (N out, K in)
@@ -48,16 +47,12 @@ def _shapes(args) -> list[tuple[int, int]]:
     return out
 
 
-def _rel_err(out, ref) -> float:
-    return float((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp(min=1e-12))
-
-
 def run(args) -> list[dict]:
     import torch
     import torch.nn.functional as F
-    from triton.testing import do_bench
 
     from course_lib.kernels import quant_matmul as qm
+    from course_lib.kernels.gpu_bench import best_config, gpu_seconds, rel_err
 
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
     dev = torch.device("cuda")
@@ -65,16 +60,7 @@ def run(args) -> list[dict]:
     rows = []
 
     def bench(fn) -> float:
-        return do_bench(fn, rep=args.rep, return_mode="median") * 1e-3  # seconds
-
-    def best(make, kwargs_list) -> tuple[float, dict]:
-        results = []
-        for kw in kwargs_list:
-            try:
-                results.append((bench(make(kw)), kw))
-            except Exception as e:  # a config that does not compile (e.g. too many registers): skip it
-                print(f"  config {kw} failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}", file=sys.stderr)
-        return min(results, key=lambda r: r[0])
+        return gpu_seconds(fn, args.rep)
 
     for n, k in _shapes(args):
         q = torch.randint(-128, 128, (n, k), device=dev, dtype=torch.int8, generator=gen)
@@ -101,8 +87,8 @@ def run(args) -> list[dict]:
                 }
                 errs = {
                     "F.linear": 0.0,
-                    "int8": _rel_err(calls["int8"]({})(), qm.int8_matmul_ref(x, q, scale)),
-                    f"int4 g{GROUP}": _rel_err(
+                    "int8": rel_err(calls["int8"]({})(), qm.int8_matmul_ref(x, q, scale)),
+                    f"int4 g{GROUP}": rel_err(
                         calls[f"int4 g{GROUP}"]({})(), qm.int4_matmul_ref(x, packed, scales, zeros, GROUP)
                     ),
                 }
@@ -111,7 +97,7 @@ def run(args) -> list[dict]:
                     t = bench(make({}))
                     t_best, kw_best = (t, {})
                     if args.sweep and kind != "F.linear":
-                        t_best, kw_best = min([(t, {}), best(make, SWEEP)], key=lambda r: r[0])
+                        t_best, kw_best = min([(t, {}), best_config(make, SWEEP, bench)], key=lambda r: r[0])
                     t_lin = t if kind == "F.linear" else t_lin
                     rows.append(
                         dict(
@@ -151,17 +137,15 @@ def main(argv=None) -> int:
     args = _parse(argv)
     import torch
 
-    if not torch.cuda.is_available():
-        print("quant_kernels_gpu.py needs a CUDA GPU (the Triton interpreter on a CPU times nothing useful); skipped.")
+    from course_lib.kernels.gpu_bench import cuda_or_skip, device_meta, write_rows
+
+    if not cuda_or_skip("quant_kernels_gpu.py"):
         return 0
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}")
     print(HEADER)
     rows = run(args)
     if args.out:
-        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, group_size=GROUP)
-        with open(args.out, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
-        print(f"wrote {len(rows)} rows to {args.out}")
+        write_rows(args.out, rows, device_meta(group_size=GROUP))
     return 0
 
 

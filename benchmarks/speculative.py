@@ -18,7 +18,8 @@ import json
 
 import torch
 
-from course_lib.decoding import speculation
+from course_lib.decoding import assisted, speedup
+from course_lib.decoding.prompts import FREE_PROMPTS, GROUNDED_PROMPTS
 from course_lib.engine import Engine
 from course_lib.engine.speculative import DraftProposer, PromptLookupProposer, jacobi
 from course_lib.measure import hardware
@@ -47,8 +48,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(hardware.timing_threads())
     target, draft = Engine("tiny-target"), Engine("tiny-draft")
     distilled = Engine("tiny-draft-distilled")
-    grounded = speculation.baseline(target, speculation.GROUNDED_PROMPTS[:1], new, repeats)
-    free = speculation.baseline(target, speculation.FREE_PROMPTS[:1], new, repeats)
+    grounded = speedup.baseline(target, GROUNDED_PROMPTS[:1], new, repeats)
+    free = speedup.baseline(target, FREE_PROMPTS[:1], new, repeats)
     gammas = [1, 2, 3, 4, 6] if args.quick else [1, 2, 3, 4, 5, 6, 8]
     plans = [
         ("tiny-draft", lambda: DraftProposer(draft), gammas, grounded),
@@ -60,18 +61,18 @@ def main(argv=None) -> int:
     rows = []
     print(f"# {machine_name()}; {new} new tokens, best of {repeats}")
     for name, make, gs, base in plans:
-        rows += [speculation.run_method(target, make(), g, base, name, repeats) for g in gs]
+        rows += [speedup.run_method(target, make(), g, base, name, repeats) for g in gs]
     for w in (2, 4, 8):
-        rows.append(speculation.run_method(target, jacobi.JacobiProposer(window=w), w, grounded, "Jacobi", repeats))
+        rows.append(speedup.run_method(target, jacobi.JacobiProposer(window=w), w, grounded, "Jacobi", repeats))
     for n in (3, 4, 5):
         rows.append(
-            speculation.run_method(
+            speedup.run_method(
                 target, jacobi.LookaheadProposer(window=4, ngram=n), 4, grounded, f"lookahead n={n}", repeats
             )
         )
-    print(speculation.table(rows))
-    best = {m: speculation.best_row([r for r in rows if r.method == m]) for m in dict.fromkeys(r.method for r in rows)}
-    hf = speculation.hf_assisted(target, draft, grounded, repeats)
+    print(speedup.table(rows))
+    best = {m: speedup.best_row([r for r in rows if r.method == m]) for m in dict.fromkeys(r.method for r in rows)}
+    hf = assisted.hf_assisted(target, draft, grounded, repeats)
     ours = best["tiny-draft"]
     print(
         f"transformers: plain {hf['plain_s'] * 1e3:.1f} ms, assisted (tiny-draft) {hf['assisted_s'] * 1e3:.1f} ms = "

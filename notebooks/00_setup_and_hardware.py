@@ -68,7 +68,7 @@ import transformers
 
 import course_lib  # sets TRITON_INTERPRET=1 when there is no CUDA GPU
 from course_lib.kernels import HAS_TRITON, interpreter_on
-from course_lib.measure import bench, costs, hardware, plots, roofline
+from course_lib.measure import bench, costs, hardware, microbench, plots, roofline
 from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
 
@@ -209,7 +209,7 @@ for cost in (costs.copy_cost(1), costs.triad_cost(1)):
         f"{cost.name:<6} per fp32 element: {cost.bytes:g} bytes, {cost.flops:g} FLOPs, "
         f"intensity {cost.intensity:.3f} FLOP/byte"
     )
-n_bytes = hardware.default_array_bytes()
+n_bytes = microbench.default_array_bytes()
 llc = device.cache_bytes
 if llc:
     print(
@@ -275,7 +275,7 @@ else:
 # *Your prediction first:* the memory bandwidth of this machine, in GB/s. A laptop or a cloud vCPU
 # slice has a few channels of DDR memory; a GPU has HBM or GDDR (the table above).
 #
-# `hardware.machine_peaks()` runs STREAM copy and triad and an n×n×n matmul per dtype (fp32 and bf16 on
+# `microbench.machine_peaks()` runs STREAM copy and triad and an n×n×n matmul per dtype (fp32 and bf16 on
 # a CPU; fp16, bf16 and fp32 on a GPU — bf16 only where the chip has it). Like STREAM, a peak is the best
 # of the repeats: noise can only slow a run down. The result is **cached per machine** in
 # `~/.cache/course_lib/peaks.json`, so every later chapter draws the same roof and ridge; a chapter opened
@@ -286,7 +286,7 @@ else:
 # NBVAL_IGNORE_OUTPUT
 my_bandwidth_gbs = None  # your guess, GB/s
 REMEASURE = True
-peaks = hardware.machine_peaks(refresh=REMEASURE)
+peaks = microbench.machine_peaks(refresh=REMEASURE)
 print(peaks.provenance)
 print(f"STREAM copy : {peaks.copy_gbs:7.2f} GB/s   (arrays of {peaks.array_bytes / 2**20:.0f} MiB)")
 print(f"STREAM triad: {peaks.triad_gbs:7.2f} GB/s")
@@ -308,9 +308,9 @@ compare_prediction("memory bandwidth (GB/s)", my_bandwidth_gbs, measured=peaks.b
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-triad = hardware.measure_bandwidth("triad")
+triad = microbench.measure_bandwidth("triad")
 small = 256 if device.kind == "cpu" else peaks.matmul_n  # bf16 is emulated (slow) on most CPUs
-mm = {dt: hardware.measure_matmul(dt, n=peaks.matmul_n if dt == MAIN else small) for dt in peaks.matmul_tflops}
+mm = {dt: microbench.measure_matmul(dt, n=peaks.matmul_n if dt == MAIN else small) for dt in peaks.matmul_tflops}
 roofs = [
     roofline.Roof.from_measured(peaks, MAIN, f"this machine {MAIN} (measured)"),
     roofline.Roof.from_spec("H100 SXM"),
@@ -455,7 +455,7 @@ ch00.check_weight_read_ms(answer, model="llama-2-7b", gpu="H200 SXM")
 #
 # **Exercise 4 (re-measure).** The STREAM arrays above were made larger than the last-level cache on
 # purpose. Change the experiment: run the triad over arrays of 1 MiB each, which stay in the cache
-# (`hardware.measure_bandwidth("triad", n_bytes=2**20)`), and give its best rate as a multiple of the
+# (`microbench.measure_bandwidth("triad", n_bytes=2**20)`), and give its best rate as a multiple of the
 # DRAM triad (`peaks.triad_gbs`). The check measures the small triad again, divides by the same cached
 # DRAM figure and accepts your number within 35%.
 
@@ -468,7 +468,7 @@ ch00.check_cache_speedup(answer, n_bytes=2**20)
 # <details><summary>Answer</summary>
 #
 # ```python
-# small = hardware.measure_bandwidth("triad", n_bytes=2**20)
+# small = microbench.measure_bandwidth("triad", n_bytes=2**20)
 # answer = small.rate(small.bytes, best=True) / (peaks.triad_gbs * 1e9)
 # ```
 # On most CPUs the cache is several times faster than DRAM. Chapter 02 asks whether a model whose

@@ -65,14 +65,15 @@ import matplotlib.pyplot as plt
 import torch
 
 import course_lib  # sets TRITON_INTERPRET=1 when there is no CUDA GPU
-from course_lib.bottlenecks import phases, transfer
+from course_lib.bottlenecks import capacity, explorer, phases, time_floors, transfer
+from course_lib.bottlenecks.llm_phases import batch_to_reach, llm_phases
 from course_lib.core.dtypes import torch_dtype
 from course_lib.kernels import intensity as ik
 from course_lib.kernels import interpreter_on
-from course_lib.measure import bench, costs, hardware, plots, profiling, references, roofline
+from course_lib.measure import bench, costs, hardware, microbench, plots, profiling, references
 from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
-from course_lib.measure.roofline import Point, Roof, batch_to_reach, llm_phases, min_time
+from course_lib.measure.roofline import Point, Roof, min_time
 from course_lib.models import accounting
 
 torch.manual_seed(0)
@@ -122,7 +123,7 @@ print(f"bandwidth: {bytes_used / 1e9:5.0f} GB/s of {a100.hbm_tbps * 1e3:g} = {by
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-peaks = hardware.machine_peaks()  # cached per machine: the same roof as chapter 00 (refresh=True re-measures)
+peaks = microbench.machine_peaks()  # cached per machine: the same roof as chapter 00 (refresh=True re-measures)
 print(peaks.provenance)
 roof = Roof.from_measured(peaks, DT, f"this machine {DT} (measured)")
 print(f"measured: {peaks.bandwidth / 1e9:.1f} GB/s, {roof.peak_flops / 1e9:.1f} GFLOP/s {DT} matmul")
@@ -615,7 +616,7 @@ print(
 # ## 6 · On real GPUs: where do decode and prefill land?
 #
 # The same accounting places any model on any GPU in the spec table, before running anything.
-# `roofline.llm_phases` does it (and is what the explorer below calls). Llama-2-7B in bf16 on an H100,
+# `llm_phases` does it (and is what the explorer below calls). Llama-2-7B in bf16 on an H100,
 # 512-token prompts and contexts:
 
 # %%
@@ -661,7 +662,7 @@ for m_name, gpu_name, b_cap, ctx_cap in (
     ("llama-2-70b", "H100 SXM", 1, 512),
 ):
     print(f"{m_name} bf16, batch {b_cap} x {ctx_cap} tokens:")
-    print(f"  {roofline.fits_in_memory(m_name, gpu_name, b_cap, ctx_cap)}")
+    print(f"  {capacity.fits_in_memory(m_name, gpu_name, b_cap, ctx_cap)}")
 
 # %% [markdown]
 # Batching pushes decode toward the ridge, but the KV cache it brings can run out of memory first: the
@@ -716,7 +717,7 @@ if llc:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-for row in roofline.decode_time_options(
+for row in time_floors.decode_time_options(
     "llama-2-7b", ("H100 SXM", "H200 SXM"), batch=8, context_len=2048, chips=(1, 2)
 ):
     print(row)
@@ -766,7 +767,7 @@ else:
 # NBVAL_IGNORE_OUTPUT
 from IPython.display import display
 
-display(plots.phase_explorer())
+display(explorer.phase_explorer())
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -775,7 +776,7 @@ print(report)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-plots.plot_phases(report)
+explorer.plot_phases(report)
 plt.show()
 
 # %% [markdown]
@@ -869,7 +870,7 @@ ch01.check_batch_to_ridge(answer, model="llama-2-7b", gpu="H100 SXM", dtype="bf1
 # ```
 # About the ridge value itself: at batch b each weight read serves b multiply-adds (2b FLOPs per 2
 # bytes). Each sequence also reads its own embedding row and KV cache, so it lands a little above —
-# `roofline.batch_to_reach` does the same search.
+# `batch_to_reach` does the same search.
 # </details>
 #
 # **Exercise 4.** Is a batch-1, 512-token prefill of Llama-2-7B on an A100 80GB memory-bound or

@@ -70,9 +70,10 @@ import transformers
 
 import course_lib
 from course_lib import serving
+from course_lib.bottlenecks import time_floors
 from course_lib.engine import Engine
 from course_lib.engine.sampling import SamplingParams
-from course_lib.measure import hardware, metrics, plots, profiling, roofline
+from course_lib.measure import hardware, metrics, microbench, plots, profiling
 from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
 from course_lib.models import accounting, tokencost
@@ -135,12 +136,12 @@ print(
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-peaks = hardware.measured_peaks()
+peaks = microbench.measured_peaks()
 PEAK, BW = peaks.peak_flops(DT), peaks.bandwidth
 w_bytes = accounting.weight_bytes(shape, DT)
 llc = hardware.detect_device().cache_bytes
 # a triad over three arrays that together hold as many bytes as the weights: they stay in the cache
-cache_bw = hardware.measure_bandwidth("triad", n_bytes=int(w_bytes / 3), device=DEV).rate(w_bytes, best=True)
+cache_bw = microbench.measure_bandwidth("triad", n_bytes=int(w_bytes / 3), device=DEV).rate(w_bytes, best=True)
 print(
     f"measured: {PEAK / 1e9:.1f} GFLOP/s {DT} matmul, {BW / 1e9:.1f} GB/s from memory "
     f"-> ridge {PEAK / BW:.2f} FLOP/byte"
@@ -172,7 +173,7 @@ print(f"{len(pool)} prompt tokens; the first 12 decode to {engine.tokenizer.deco
 # %%
 # NBVAL_IGNORE_OUTPUT
 lengths = course_lib.pick((8, 32, 64, 128, 256, 512, 1000), (8, 16, 32, 64, 128, 256, 512, 768, 1000))
-ttft_floor = {n: roofline.prefill_time(shape, n, PEAK, BW, DT) for n in lengths}
+ttft_floor = {n: time_floors.prefill_time(shape, n, PEAK, BW, DT) for n in lengths}
 for n in lengths:
     print(
         f"prompt {n:>5} tokens: {accounting.prefill_flops(shape, n) / 1e9:6.2f} GFLOP -> "
@@ -263,8 +264,8 @@ engine.step()  # the prefill (and the first token)
 n_ops = profiling.count_ops(engine.step)  # one whole decode step: forward, sampling, bookkeeping
 per_op = profiling.per_op_overhead_s(DEV)
 floor = n_ops * per_op
-tpot_dram = {b: roofline.decode_time(shape, ctx, PEAK, BW, DT, b) for b in batches}
-tpot_cache = {b: roofline.decode_time(shape, ctx, PEAK, cache_bw, DT, b) for b in batches}
+tpot_dram = {b: time_floors.decode_time(shape, ctx, PEAK, BW, DT, b) for b in batches}
+tpot_cache = {b: time_floors.decode_time(shape, ctx, PEAK, cache_bw, DT, b) for b in batches}
 print(f"a decode step dispatches {n_ops} torch ops x {per_op * 1e6:.1f} us = {floor * 1e3:.2f} ms of overhead")
 for b in batches:
     print(

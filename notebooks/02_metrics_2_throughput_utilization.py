@@ -64,10 +64,11 @@ import transformers
 
 import course_lib
 from course_lib import serving
+from course_lib.bottlenecks import mfu_bound, time_floors
 from course_lib.bottlenecks.engine_vs_hf import PROMPT, engine_vs_hf, format_rows
 from course_lib.engine import Engine
 from course_lib.engine.sampling import SamplingParams
-from course_lib.measure import hardware, metrics, plots, profiling, references, roofline
+from course_lib.measure import hardware, metrics, microbench, plots, profiling, references
 from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
 from course_lib.models import accounting
@@ -99,10 +100,10 @@ print(f"tiny-target: {n_params:,} parameters, {accounting.weight_bytes(shape, DT
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-peaks = hardware.measured_peaks()
+peaks = microbench.measured_peaks()
 PEAK, BW = peaks.peak_flops(DT), peaks.bandwidth
 w_bytes = accounting.weight_bytes(shape, DT)
-cache_bw = hardware.measure_bandwidth("triad", n_bytes=int(w_bytes / 3), device=DEV).rate(w_bytes, best=True)
+cache_bw = microbench.measure_bandwidth("triad", n_bytes=int(w_bytes / 3), device=DEV).rate(w_bytes, best=True)
 pool = serving.prompt_pool(engine.tokenizer, 2048)
 n_long = course_lib.pick(512, 1000)
 ttft = {n_long: serving.ttft_sweep(engine, pool, [n_long], repeats=course_lib.pick(3, 7))[0].ttft_s}
@@ -230,7 +231,7 @@ mbu_order = claim(
 print(references.cite("anyscale_input_output_ratio", link=False))
 for gpu in ("A100 80GB SXM", "H100 SXM", "H200 SXM"):
     spec = hardware.gpu_spec(gpu)
-    r = roofline.output_input_ratio(l7, spec.peak_flops("bf16"), spec.bandwidth, "bf16")
+    r = time_floors.output_input_ratio(l7, spec.peak_flops("bf16"), spec.bandwidth, "bf16")
     print(
         f"llama-2-7b bf16 on {gpu:<14}: 1 output token ~ {r:4.0f} input tokens at 100% of both peaks; "
         f"{r * 0.5 / l7_mbu:4.0f} at 50% MFU and {l7_mbu:.0%} MBU (gpt-fast's decode, as computed above)"
@@ -242,10 +243,10 @@ for gpu in ("A100 80GB SXM", "H100 SXM", "H200 SXM"):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-ratio_roof = roofline.output_input_ratio(shape, PEAK, BW, DT)
+ratio_roof = time_floors.output_input_ratio(shape, PEAK, BW, DT)
 print(
     f"this machine, tiny-target {DT}: roofline ratio {ratio_roof:.1f} "
-    f"(with the cache bandwidth: {roofline.output_input_ratio(shape, PEAK, cache_bw, DT):.1f})"
+    f"(with the cache bandwidth: {time_floors.output_input_ratio(shape, PEAK, cache_bw, DT):.1f})"
 )
 
 # %% [markdown]
@@ -430,7 +431,7 @@ print(
 # NBVAL_IGNORE_OUTPUT
 BUSY_NEW = course_lib.pick(64, 256)
 busy_ids = pool[:PROMPT_LEN]
-busy_flops = roofline.generation_flops(shape, PROMPT_LEN, BUSY_NEW)
+busy_flops = time_floors.generation_flops(shape, PROMPT_LEN, BUSY_NEW)
 
 
 def decode_loop():
@@ -480,7 +481,7 @@ busy_not_mfu = claim(
 
 # %%
 # NBVAL_CHECK_OUTPUT
-train_b, infer_b = roofline.training_vs_inference("llama-2-7b", "H100 SXM", seq_len=2048, seqs=16, decode_batch=1)
+train_b, infer_b = mfu_bound.training_vs_inference("llama-2-7b", "H100 SXM", seq_len=2048, seqs=16, decode_batch=1)
 print(train_b)
 print(infer_b)
 print(f"training's intensity is {train_b.intensity / infer_b.intensity:,.0f}x decode's")
@@ -655,7 +656,7 @@ ch02.check_ratio(answer)
 # ```
 # The H200's bf16 ridge point: a decode step streams 2 bytes per weight and a prefill token does
 # 2 FLOPs per weight, so the ratio is (2 ÷ 2) × ridge. The embedding table is not streamed whole (one row
-# per token) and is not multiplied either, so it drops out — `roofline.output_input_ratio` does this.
+# per token) and is not multiplied either, so it drops out — `time_floors.output_input_ratio` does this.
 # </details>
 #
 # **Exercise 4 (re-measure).** Section 0 ran the batch sweep with 64-token prompts. Change the
@@ -682,7 +683,7 @@ ch02.check_remeasured_throughput(answer, engine, pool, batch=4, prompt_len=512, 
 #
 # **Exercise 5 (your peaks).** With this machine's measured peaks (`PEAK` FLOP/s, `BW` bytes/s), what
 # does the roofline say one output token of tiny-target in fp32 is worth in input tokens?
-# (`roofline.output_input_ratio`.)
+# (`time_floors.output_input_ratio`.)
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -692,7 +693,7 @@ ch02.check_ratio_on_this_machine(answer, peak_flops=PEAK, bandwidth=BW, model="t
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# `answer = roofline.output_input_ratio(shape, PEAK, BW, DT)`, the value section 2 printed. Compare it
+# `answer = time_floors.output_input_ratio(shape, PEAK, BW, DT)`, the value section 2 printed. Compare it
 # with the ratio the fit measured there.
 # </details>
 #

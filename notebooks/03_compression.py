@@ -70,7 +70,7 @@ from course_lib.compression.calibrate import collect_inputs
 from course_lib.compression.explore import quant_explorer
 from course_lib.compression.quantize import QuantConfig, dequantize, expected_nbytes, fp8_roundtrip, max_error, quantize
 from course_lib.engine import Engine
-from course_lib.measure import hardware, plots, references
+from course_lib.measure import hardware, microbench, plots, references
 from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
 from course_lib.models.load import random_model
@@ -80,7 +80,7 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 if not CUDA:
     torch.set_num_threads(hardware.timing_threads())
-peaks = hardware.machine_peaks()
+peaks = microbench.machine_peaks()
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
 print(peaks.provenance)
 
@@ -160,7 +160,7 @@ my_int4_speedup = None  # e.g. 8.0
 # %% [markdown]
 # On a CPU the layer runs PyTorch's packed kernels (`aten._weight_int8pack_mm`,
 # `aten._weight_int4pack_mm_for_cpu`, the ones gpt-fast uses); on a GPU, the course's Triton kernels
-# (`course_lib/kernels/quant_matmul.py`), which dequantize in registers. The matrix is several times
+# (`course_lib/kernels/quant_matmul/`), which dequantize in registers. The matrix is several times
 # larger than the last-level cache, so its bytes come from memory:
 
 # %%

@@ -72,7 +72,18 @@ from IPython.display import display
 
 import course_lib
 from course_lib.core.mode import pick
-from course_lib.decoding import speculation, strategies
+from course_lib.decoding import (
+    assisted,
+    batch_size,
+    convergence,
+    distribution,
+    domains,
+    explorer,
+    speedup,
+    strategies,
+    verify,
+)
+from course_lib.decoding.prompts import FREE_PROMPTS, GROUNDED_PROMPTS
 from course_lib.engine import Engine, SamplingParams
 from course_lib.engine.speculative import (
     DraftProposer,
@@ -83,7 +94,7 @@ from course_lib.engine.speculative import (
     expected_tokens,
     jacobi,
 )
-from course_lib.measure import hardware, references
+from course_lib.measure import hardware, microbench, references
 from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
 
@@ -92,7 +103,7 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 if not CUDA:
     torch.set_num_threads(hardware.timing_threads())
-peaks = hardware.machine_peaks()
+peaks = microbench.machine_peaks()
 NEW = pick(48, 128)  # new tokens per timed generation
 REPEATS = pick(3, 5)  # timed runs; the best (least disturbed) counts
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}; {NEW} new tokens, best of {REPEATS}")
@@ -281,7 +292,7 @@ my_verify5_ratio = None  # time(5 tokens) / time(1 token)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-costs = speculation.verify_cost(target, context=64, tokens=[1, 2, 3, 5, 9, 17, 33], repeats=REPEATS)
+costs = verify.verify_cost(target, context=64, tokens=[1, 2, 3, 5, 9, 17, 33], repeats=REPEATS)
 fig, ax = plt.subplots(figsize=(6, 3.5), dpi=80)
 ax.plot([c.tokens for c in costs], [c.seconds * 1e3 for c in costs], "o-", label="measured forward")
 ax.plot(
@@ -336,13 +347,13 @@ my_best_gamma = None  # an int
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-base = speculation.baseline(target, speculation.GROUNDED_PROMPTS[:1], NEW, REPEATS)
+base = speedup.baseline(target, GROUNDED_PROMPTS[:1], NEW, REPEATS)
 print(f"plain greedy: {NEW} tokens in {base.seconds * 1e3:.1f} ms ({base.step_seconds * 1e3:.2f} ms per token)")
-draft_rows = speculation.gamma_sweep(
+draft_rows = speedup.gamma_sweep(
     target, lambda: DraftProposer(draft), base, pick([1, 2, 3, 4, 6], [1, 2, 3, 4, 5, 6, 8]), "tiny-draft", REPEATS
 )
-print(speculation.table(draft_rows))
-best_draft = speculation.best_row(draft_rows)
+print(speedup.table(draft_rows))
+best_draft = speedup.best_row(draft_rows)
 compare_prediction(
     "speed-up with tiny-draft at the best γ", my_draft_speedup, theory=best_draft.predicted, measured=best_draft.speedup
 )
@@ -370,7 +381,7 @@ print("every γ token-identical to plain greedy:", all(r.identical for r in draf
 # %%
 # NBVAL_IGNORE_OUTPUT
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), dpi=80)
-speculation.plot_gamma_sweep(draft_rows, ax=axes[0], title="tiny-draft: speed-up vs γ")
+speedup.plot_gamma_sweep(draft_rows, ax=axes[0], title="tiny-draft: speed-up vs γ")
 for r in draft_rows:
     axes[1].plot(range(1, r.gamma + 1), r.acceptance_at, "o-", label=f"γ={r.gamma}")
 axes[1].axhline(best_draft.alpha, color="grey", ls="--", label=f"overall α (best γ) = {best_draft.alpha:.2f}")
@@ -427,7 +438,7 @@ print(
 # %%
 # NBVAL_IGNORE_OUTPUT
 display(
-    speculation.speedup_explorer(
+    explorer.speedup_explorer(
         draft_rows, alpha=round(min(best_draft.alpha, 0.99), 2), c=round(min(best_draft.c, 1.0), 2)
     )
 )
@@ -443,7 +454,7 @@ display(
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-check = speculation.first_token_check(
+check = distribution.first_token_check(
     target, DraftProposer(draft), "def fibonacci(n):", n=pick(256, 2048), temperature=1.0, gamma=3
 )
 top = check.p.topk(8).indices
@@ -480,13 +491,13 @@ my_easiest_domain = None  # "code", "comment" or "docstring"
 # %%
 # NBVAL_IGNORE_OUTPUT
 distilled = Engine("tiny-draft-distilled", device=DEV)
-distilled_rows = speculation.gamma_sweep(
+distilled_rows = speedup.gamma_sweep(
     target, lambda: DraftProposer(distilled), base, pick([2, 3, 4], [2, 3, 4, 5, 6]), "tiny-draft-distilled", REPEATS
 )
-print(speculation.table(distilled_rows))
-sources = speculation.validation_sources(pick(3, 12), pick(5000, 20000))
+print(speedup.table(distilled_rows))
+sources = domains.validation_sources(pick(3, 12), pick(5000, 20000))
 by_domain = {
-    name: speculation.acceptance_by_domain(target, eng, sources)
+    name: domains.acceptance_by_domain(target, eng, sources)
     for name, eng in [("tiny-draft", draft), ("tiny-draft-distilled", distilled)]
 }
 fig, ax = plt.subplots(figsize=(7, 3.2), dpi=80)
@@ -503,8 +514,8 @@ print(f"easiest for tiny-draft here: {max(rates, key=rates.get)} (your predictio
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-a_scratch = speculation.best_row(draft_rows).alpha
-a_dist = speculation.best_row(distilled_rows).alpha
+a_scratch = speedup.best_row(draft_rows).alpha
+a_dist = speedup.best_row(distilled_rows).alpha
 claim(
     "the distilled draft's α beats the scratch draft's on this prompt",
     a_dist,
@@ -545,17 +556,17 @@ my_lookup_free = None  # × plain
 # %%
 # NBVAL_IGNORE_OUTPUT
 lookup = lambda: PromptLookupProposer(ngram=2, max_ngram=4)  # noqa: E731
-lookup_rows = speculation.gamma_sweep(
+lookup_rows = speedup.gamma_sweep(
     target, lookup, base, pick([2, 4, 6, 8], [2, 3, 4, 6, 8, 10]), "lookup (grounded)", REPEATS
 )
-free_base = speculation.baseline(target, speculation.FREE_PROMPTS[:1], NEW, REPEATS)
-free_rows = speculation.gamma_sweep(target, lookup, free_base, pick([4], [2, 4, 8]), "lookup (free)", REPEATS)
-print(speculation.table(lookup_rows + free_rows))
-best_lookup = speculation.best_row(lookup_rows)
+free_base = speedup.baseline(target, FREE_PROMPTS[:1], NEW, REPEATS)
+free_rows = speedup.gamma_sweep(target, lookup, free_base, pick([4], [2, 4, 8]), "lookup (free)", REPEATS)
+print(speedup.table(lookup_rows + free_rows))
+best_lookup = speedup.best_row(lookup_rows)
 compare_prediction(
     "prompt lookup, grounded prompt", my_lookup_grounded, theory=best_lookup.predicted, measured=best_lookup.speedup
 )
-compare_prediction("prompt lookup, free prompt", my_lookup_free, measured=speculation.best_row(free_rows).speedup)
+compare_prediction("prompt lookup, free prompt", my_lookup_free, measured=speedup.best_row(free_rows).speedup)
 claim(
     "prompt lookup gives ≥ 1.5× on an input-grounded prompt, output identical",
     best_lookup.speedup * best_lookup.identical,
@@ -572,7 +583,7 @@ print("published:", references.cite("prompt_lookup_decoding", link=False))
 
 # %%
 print(
-    f"drafts proposed per step: grounded {best_lookup.mean_drafts:.2f}, free {speculation.best_row(free_rows).mean_drafts:.2f}"
+    f"drafts proposed per step: grounded {best_lookup.mean_drafts:.2f}, free {speedup.best_row(free_rows).mean_drafts:.2f}"
 )
 
 # %% [markdown]
@@ -587,7 +598,8 @@ print(
 # %%
 # NBVAL_IGNORE_OUTPUT
 from course_lib.core.paths import data_dir  # noqa: E402
-from course_lib.engine.speculative import medusa  # noqa: E402
+from course_lib.decoding import medusa_speed, medusa_train  # noqa: E402
+from course_lib.engine.speculative import medusa, medusa_tree  # noqa: E402
 
 heads = medusa.load_medusa("tiny-target-medusa", target)
 mlog = json.loads((data_dir() / "models" / "tiny-target-medusa" / "train_log.json").read_text())
@@ -614,7 +626,7 @@ for ax in axes:
 plt.tight_layout()
 plt.show()
 print("final validation top-1 per head:", [round(x, 3) for x in mlog["log"][-1]["val"]["top1"]])
-quick = medusa.train_heads(target, num_heads=2, steps=pick(3, 30), batch=pick(2, 8), seq_len=128)
+quick = medusa_train.train_heads(target, num_heads=2, steps=pick(3, 30), batch=pick(2, 8), seq_len=128)
 print("a few steps of fresh heads here (total loss per step):", " ".join(f"{r['loss']:.2f}" for r in quick["train"]))
 
 # %% [markdown]
@@ -628,26 +640,24 @@ print("a few steps of fresh heads here (total loss per step):", " ".join(f"{r['l
 
 # %%
 # NBVAL_CHECK_OUTPUT
-paths = medusa.tree_from_top((2, 2, 1))
+paths = medusa_tree.tree_from_top((2, 2, 1))
 print("tree nodes (paths of candidate ranks per head):", paths)
 print("tree attention mask (row = node, 1 = may attend; node 0 is the pending token):")
-print(medusa.tree_mask(paths).int())
+print(medusa_tree.tree_mask(paths).int())
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-mres = medusa.measure_medusa(
+mres = medusa_speed.measure_medusa(
     target,
     heads,
-    prompts=speculation.GROUNDED_PROMPTS[: pick(1, 3)],
+    prompts=GROUNDED_PROMPTS[: pick(1, 3)],
     max_new_tokens=NEW,
     repeats=REPEATS,
     top=(2, 2, 1, 1),
 )
-print(medusa.format_medusa_table(mres))
-medusa_rows = [
-    speculation.run_method(target, medusa.MedusaProposer(heads), heads.num_heads, base, "Medusa top-1", REPEATS)
-]
-print(speculation.table(medusa_rows))
+print(medusa_speed.format_medusa_table(mres))
+medusa_rows = [speedup.run_method(target, medusa.MedusaProposer(heads), heads.num_heads, base, "Medusa top-1", REPEATS)]
+print(speedup.table(medusa_rows))
 tree_row = next(r for r in mres["rows"] if r["method"].startswith("medusa tree"))
 top1_row = next(r for r in mres["rows"] if r["method"].startswith("medusa top-1"))
 claim(
@@ -688,22 +698,22 @@ my_jacobi_tpf = None
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-trace = jacobi.jacobi_trace(target, speculation.GROUNDED_PROMPTS[0], pick(32, 64), window=4)
-fig = jacobi.plot_jacobi_trace(trace)
+trace = convergence.jacobi_trace(target, GROUNDED_PROMPTS[0], pick(32, 64), window=4)
+fig = convergence.plot_jacobi_trace(trace)
 plt.show()
 print(
     f"{trace.forwards} forwards for {len(trace.emitted_at)} tokens ({trace.tokens_per_forward:.2f} per forward); "
     f"{trace.early} tokens were already right before their turn"
 )
 jacobi_rows = [
-    speculation.run_method(target, jacobi.JacobiProposer(window=w), w, base, "Jacobi", REPEATS)
+    speedup.run_method(target, jacobi.JacobiProposer(window=w), w, base, "Jacobi", REPEATS)
     for w in pick([2, 4], [2, 4, 8])
 ]
 lookahead_rows = [
-    speculation.run_method(target, jacobi.LookaheadProposer(window=4, ngram=n), 4, base, f"lookahead n={n}", REPEATS)
+    speedup.run_method(target, jacobi.LookaheadProposer(window=4, ngram=n), 4, base, f"lookahead n={n}", REPEATS)
     for n in pick([4], [3, 4, 5])
 ]
-print(speculation.table(jacobi_rows + lookahead_rows))
+print(speedup.table(jacobi_rows + lookahead_rows))
 compare_prediction(
     "Jacobi tokens per forward (W=4)",
     my_jacobi_tpf,
@@ -729,7 +739,7 @@ print("published:", references.cite("lookahead_decoding", link=False))
 # Jacobi gives about one token per forward here, and a verify step costs a little more than a plain one,
 # so it cannot pay: the honest result on a small model. The n-gram pool changes that on text that repeats
 # itself, which this prompt does. The paper verifies several pool candidates at once with a special
-# attention mask; the course's version verifies one chain per row (see `engine/jacobi.py`).
+# attention mask; the course's version verifies one chain per row (see `engine/speculative/jacobi.py`).
 #
 # ## 9 · Where it stops paying: the batch size
 #
@@ -746,11 +756,11 @@ my_breakeven_batch = None
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-batch_rows = speculation.batch_sweep(
+batch_rows = batch_size.batch_sweep(
     target,
     lambda: DraftProposer(draft),
     best_draft.gamma,
-    speculation.GROUNDED_PROMPTS + speculation.FREE_PROMPTS,
+    GROUNDED_PROMPTS + FREE_PROMPTS,
     pick([1, 4, 16], [1, 2, 4, 8, 16, 32]),
     new_tokens=pick(32, 64),
     repeats=pick(2, 3),
@@ -784,7 +794,7 @@ claim(
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-hf = speculation.hf_assisted(target, draft, base, REPEATS)
+hf = assisted.hf_assisted(target, draft, base, REPEATS)
 ours = best_draft.seconds
 print(
     f"transformers plain {hf['plain_s'] * 1e3:.1f} ms, assisted {hf['assisted_s'] * 1e3:.1f} ms "
@@ -818,7 +828,7 @@ methods = {
 print(f"{'method':<28}{'best γ':>7}{'α':>7}{'tok/fwd':>9}{'c':>7}{'measured':>10}{'formula':>9}{'refined':>9}")
 summary = {}
 for name, rs in methods.items():
-    b = speculation.best_row(rs)
+    b = speedup.best_row(rs)
     summary[name] = b
     print(
         f"{name:<28}{b.gamma:>7}{b.alpha:>7.2f}{b.tokens_per_forward:>9.2f}{b.c:>7.3f}{b.speedup:>9.2f}x"
@@ -872,20 +882,20 @@ ch04.check_best_gamma(answer, alpha=0.7, c=0.1)
 # </details>
 #
 # **Exercise 3 (re-measure).** Measure prompt lookup's speed-up at γ = 4 on the *second* grounded prompt,
-# `speculation.GROUNDED_PROMPTS[1]` (a class to continue), with 48 new tokens. Predict first: higher or
+# `GROUNDED_PROMPTS[1]` (a class to continue), with 48 new tokens. Predict first: higher or
 # lower than on the first prompt? The check measures again and accepts your number within 35%.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 answer = None  # × plain greedy
-ch04.check_lookup_speedup(answer, target, speculation.GROUNDED_PROMPTS[1], gamma=4, new_tokens=48)
+ch04.check_lookup_speedup(answer, target, GROUNDED_PROMPTS[1], gamma=4, new_tokens=48)
 
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
 # ```python
-# b = speculation.baseline(target, speculation.GROUNDED_PROMPTS[1:2], 48)
-# answer = speculation.run_method(target, PromptLookupProposer(2, 4), 4, b).speedup
+# b = speedup.baseline(target, GROUNDED_PROMPTS[1:2], 48)
+# answer = speedup.run_method(target, PromptLookupProposer(2, 4), 4, b).speedup
 # ```
 # It depends on how much of the continuation the prompt already contains: the more the model copies,
 # the more lookup wins.

@@ -74,11 +74,23 @@ import course_lib
 from course_lib.core.mode import pick
 from course_lib.engine import Engine, SamplingParams, SchedulerConfig
 from course_lib.engine.attention import BlockManager, OutOfBlocks
-from course_lib.engine.attention.paged import fragmentation, request_mix, sharing
 from course_lib.kernels import flash_attention as fa
+from course_lib.kernels import flash_attention_costs as fac
 from course_lib.kernels import interpreter_on
-from course_lib.kv import gqa, kvcache
-from course_lib.measure import hardware, references
+from course_lib.kernels.online_softmax import online_softmax_steps
+from course_lib.kv import (
+    engine_check,
+    explorer,
+    formulas,
+    heads_pooling,
+    heads_timing,
+    on_off,
+    paged_memory,
+    paged_timing,
+    plots,
+    uptraining,
+)
+from course_lib.measure import hardware, microbench, references
 from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
 from course_lib.models.accounting import ModelShape, kv_bytes_per_token
@@ -88,7 +100,7 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 if not CUDA:
     torch.set_num_threads(hardware.timing_threads())
-peaks = hardware.machine_peaks()
+peaks = microbench.machine_peaks()
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
 print(peaks.provenance)
 print("Triton:", "interpreter (CPU: correct but slow, never timed)" if interpreter_on() else "compiled")
@@ -109,11 +121,11 @@ my_kv_speedup = None  # × at 256 tokens
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-onoff = kvcache.kv_on_off(
+onoff = on_off.kv_on_off(
     "tiny-target", lengths=pick([16, 32, 64, 128, 256], [16, 32, 64, 128, 256, 512]), repeats=pick(2, 3)
 )
 print(onoff)
-fig, ax = kvcache.plot_kv_on_off(onoff)
+fig, ax = plots.plot_kv_on_off(onoff)
 plt.show()
 last = onoff.rows[-1]
 compare_prediction(
@@ -137,7 +149,7 @@ claim("both paths produce the same greedy tokens", float(onoff.same_tokens), at_
 # %%
 # NBVAL_CHECK_OUTPUT
 target = Engine("tiny-target", device=DEV)
-print(kvcache.engine_kv_check(target))
+print(engine_check.engine_kv_check(target))
 
 # %% [markdown]
 # For real models the numbers are large. *Predict* the KV bytes per token of Llama-2-7B in fp16 (32 layers,
@@ -149,12 +161,12 @@ my_llama2_kv_bytes = None
 
 # %%
 # NBVAL_CHECK_OUTPUT
-rows = kvcache.kv_table(
+rows = formulas.kv_table(
     ["llama-2-7b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "mistral-7b", "qwen2.5-7b", "qwen2.5-72b"],
     dtype="fp16",
     context=4096,
 )
-print(kvcache.format_kv_table(rows, context=4096))
+print(formulas.format_kv_table(rows, context=4096))
 compare_prediction(
     "Llama-2-7B fp16 KV bytes per token",
     my_llama2_kv_bytes,
@@ -171,7 +183,7 @@ print(references.cite("llama2_kv_bytes_per_token", link=False))
 # %%
 # NBVAL_IGNORE_OUTPUT
 print(references.cite("vllm_gpu_memory_utilization", link=False))
-display(kvcache.kv_explorer("llama-3-8b", "H100 SXM"))
+display(explorer.kv_explorer("llama-3-8b", "H100 SXM"))
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -182,7 +194,7 @@ for model, gpu in [
     ("llama-2-70b", "H100 SXM"),
 ]:
     try:
-        n = kvcache.fit_requests(model, gpu, "bf16", 8192)
+        n = formulas.fit_requests(model, gpu, "bf16", 8192)
         why = "  (the weights alone do not fit: chapter 07 splits them)" if n == 0 else ""
         print(f"{model:<12} on one {gpu:<10}: {n:>4} requests of 8192 tokens fit beside the bf16 weights{why}")
     except ValueError as e:
@@ -204,10 +216,12 @@ my_mqa_speedup = None
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-heads_rows = gqa.kv_heads_rows((8, 2, 1), batch=8, contexts=pick((256, 1024), (256, 1024, 2048)), repeats=pick(5, 10))
-print(gqa.format_kv_rows(heads_rows))
+heads_rows = heads_timing.kv_heads_rows(
+    (8, 2, 1), batch=8, contexts=pick((256, 1024), (256, 1024, 2048)), repeats=pick(5, 10)
+)
+print(plots.format_kv_rows(heads_rows))
 fig, ax = plt.subplots(figsize=(7, 3.8), dpi=80)
-gqa.plot_kv_heads(heads_rows, ax=ax)
+plots.plot_kv_heads(heads_rows, ax=ax)
 plt.show()
 at = max(r.context for r in heads_rows)
 mha = next(r for r in heads_rows if r.num_kv_heads == 8 and r.context == at)
@@ -240,11 +254,11 @@ claim("MQA decodes faster than MHA at the longest context", mha.measured_ms / mq
 # %%
 # NBVAL_IGNORE_OUTPUT
 hf_target = target.hf_model
-pooled = gqa.convert_kv_heads(hf_target, 1)
-uptrained, tok, up_log = gqa.load_uptrained()
+pooled = heads_pooling.convert_kv_heads(hf_target, 1)
+uptrained, tok, up_log = uptraining.load_uptrained()
 n_eval = pick(16_384, 127_000)
 ppl = {
-    name: gqa.val_metrics(m, target.tokenizer, max_tokens=n_eval)["perplexity"]
+    name: uptraining.val_metrics(m, target.tokenizer, max_tokens=n_eval)["perplexity"]
     for name, m in [
         ("original (2 KV heads)", hf_target),
         ("pooled to 1, no training", pooled),
@@ -258,7 +272,7 @@ recovered = (ppl["pooled to 1, no training"] - ppl["pooled + 100 steps"]) / (
 )
 print(f"uptraining recovered {recovered:.0%} of the perplexity lost by pooling")
 fig, ax = plt.subplots(figsize=(7, 3.5), dpi=80)
-gqa.plot_uptrain(up_log, ax=ax, original_ppl=ppl["original (2 KV heads)"])
+plots.plot_uptrain(up_log, ax=ax, original_ppl=ppl["original (2 KV heads)"])
 ax.set_title("offline uptraining of the pooled MQA model (its shipped log)")
 plt.show()
 claim(
@@ -271,8 +285,8 @@ claim("a short uptraining recovers most of it (> 50% of the gap)", recovered, at
 # %%
 # NBVAL_IGNORE_OUTPUT
 # Quick mode: a few uptraining steps of a fresh pooled copy, just to watch the loss move.
-fresh = gqa.convert_kv_heads(hf_target, 1)
-mini = gqa.uptrain(
+fresh = heads_pooling.convert_kv_heads(hf_target, 1)
+mini = uptraining.uptrain(
     fresh,
     target.tokenizer,
     steps=pick(3, 20),
@@ -297,7 +311,7 @@ print("train loss per step:", " ".join(f"{x:.2f}" for x in mini["train_loss"]))
 g = torch.Generator().manual_seed(0)
 scores = torch.randn(12, generator=g) * 2
 values = torch.randn(12, 3, generator=g)
-steps = fa.online_softmax_steps(scores, block=4, values=values)
+steps = online_softmax_steps(scores, block=4, values=values)
 print(f"{'after block':<12}{'keys':>8}{'running max m':>15}{'rescale α':>11}{'running sum l':>15}")
 for st in steps:
     print(
@@ -344,11 +358,11 @@ Ts = pick([256, 512, 1024, 2048], [512, 1024, 2048, 4096])
 mem = []
 for T in Ts:
     q, k, v = (torch.randn(1, 4, T, 32, device=DEV) for _ in range(3))
-    _, naive_b = fa.measure_peak_bytes(lambda: fa.attention_naive(q, k, v, causal=True), DEV)
-    _, tiled_b = fa.measure_peak_bytes(
+    _, naive_b = fac.measure_peak_bytes(lambda: fa.attention_naive(q, k, v, causal=True), DEV)
+    _, tiled_b = fac.measure_peak_bytes(
         lambda: fa.flash_attention_fwd(q, k, v, causal=True, path="auto" if CUDA else "torch"), DEV
     )
-    mem.append((T, naive_b, tiled_b, fa.naive_attention_bytes(1, 4, T, head_dim=32, causal=True)))
+    mem.append((T, naive_b, tiled_b, fac.naive_attention_bytes(1, 4, T, head_dim=32, causal=True)))
     print(
         f"T={T:>5}: naive {naive_b / 1e6:8.1f} MB (formula {mem[-1][3] / 1e6:7.1f} MB), tiled {tiled_b / 1e6:6.1f} MB"
     )
@@ -365,7 +379,7 @@ plt.show()
 compare_prediction(
     "naive attention's scores at T=2048, MB",
     my_naive_mb,
-    theory=fa.naive_attention_bytes(1, 4, 2048, causal=False) / 1e6,
+    theory=fac.naive_attention_bytes(1, 4, 2048, causal=False) / 1e6,
     measured=next((m[1] / 1e6 for m in mem if m[0] == 2048), None),
 )
 claim(
@@ -446,25 +460,25 @@ my_waste_paged = None
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-mix = request_mix(pick(500, 2000), prompt_mean=200, output_mean=200, sigma=1.0, max_model_len=2048, seed=0)
-frag = fragmentation(mix, 2048, 16)
+mix = paged_memory.request_mix(pick(500, 2000), prompt_mean=200, output_mean=200, sigma=1.0, max_model_len=2048, seed=0)
+frag = paged_memory.fragmentation(mix, 2048, 16)
 print(f"{len(mix)} requests; KV slots over every decode step: used {frag.used:,}")
 for scheme in ("max_len", "oracle", "paged"):
     print(f"  {scheme:<8} reserved {frag.reserved[scheme]:>14,} → waste {frag.waste(scheme):6.1%}")
 for bs in (8, 32, 128):
-    print(f"  paged, block {bs:<4} waste {fragmentation(mix, 2048, bs).waste('paged'):6.1%}")
+    print(f"  paged, block {bs:<4} waste {paged_memory.fragmentation(mix, 2048, bs).waste('paged'):6.1%}")
 compare_prediction("waste, max-length preallocation", my_waste_maxlen, measured=frag.waste("max_len"))
 compare_prediction("waste, paged (block 16)", my_waste_paged, measured=frag.waste("paged"))
 print("published:", references.cite("vllm_kv_waste", link=False))
 claim("paged KV wastes < 4% of what it reserves", frag.waste("paged"), at_most=0.04)
-share = sharing(mix[: pick(200, 2000)], n=4, block_size=16)
+share = paged_memory.sharing(mix[: pick(200, 2000)], n=4, block_size=16)
 print(
     f"parallel sampling n=4: {share.shared_blocks:,} blocks with shared prompts vs {share.copied_blocks:,} with copies "
     f"({share.saving:.0%} saved; {share.copy_on_write:,} copy-on-write copies)"
 )
 paged_beam = Engine("tiny-target", device=DEV, kv_cache="paged")
 long_prompt = 'def fibonacci(n):\n    """Return the n-th Fibonacci number, computed iteratively for speed."""'
-bmem = kvcache.beam_memory(paged_beam, long_prompt, num_beams=4, max_new_tokens=pick(16, 64))
+bmem = paged_memory.beam_memory(paged_beam, long_prompt, num_beams=4, max_new_tokens=pick(16, 64))
 print(
     f"beam search, 4 beams: peak {bmem.peak_shared / 1e3:.0f} kB of blocks with copy-on-write sharing vs "
     f"{bmem.peak_unshared / 1e3:.0f} kB if every fork copied ({bmem.saving:.0%} saved)"
@@ -506,7 +520,7 @@ my_paged_ratio = None
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-times = kvcache.paged_step_times(batch=8, context=256, repeats=pick(5, 20), rounds=pick(2, 3))
+times = paged_timing.paged_step_times(batch=8, context=256, repeats=pick(5, 20), rounds=pick(2, 3))
 for name, t in times.items():
     print(f"{name:<11} step {t.step_s * 1e3:6.2f} ms, attention alone {t.attention_s * 1e3:6.2f} ms")
 ratio = times["paged"].step_s / times["contiguous"].step_s
@@ -570,7 +584,7 @@ ch05.check_kv_bytes_per_token(answer, "llama-3-8b", "bf16")
 # </details>
 #
 # **Exercise 2.** How many 8192-token requests of Llama-3-8B fit on one H100 SXM (80 GB) next to its bf16
-# weights, using 90% of the memory? (`kvcache.kv_gb`, `ModelShape.from_name(...)`, or the explorer.)
+# weights, using 90% of the memory? (`formulas.kv_gb`, `ModelShape.from_name(...)`, or the explorer.)
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -585,11 +599,11 @@ ch05.check_fit_requests(answer, "llama-3-8b", "H100 SXM", 8192)
 # shape = ModelShape.from_name("llama-3-8b")
 # answer = int((0.9 * 80e9 - weight_bytes(shape, "bf16")) // (kv_bytes_per_token(shape, "bf16") * 8192))
 # ```
-# `kvcache.fit_requests("llama-3-8b", "H100 SXM", "bf16", 8192)` computes the same.
+# `formulas.fit_requests("llama-3-8b", "H100 SXM", "bf16", 8192)` computes the same.
 # </details>
 #
 # **Exercise 3 (re-measure).** How many times faster does tiny-target reach 128 tokens with the KV cache than
-# without? Measure it with `kvcache.kv_on_off("tiny-target", lengths=[128])`. Predict first from section 1.
+# without? Measure it with `on_off.kv_on_off("tiny-target", lengths=[128])`. Predict first from section 1.
 # The check measures again and accepts your number within 35%.
 
 # %%
@@ -600,7 +614,7 @@ ch05.check_kv_speedup(answer, length=128)
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# `answer = kvcache.kv_on_off("tiny-target", lengths=[128]).rows[0].speedup`. Far below the ~60× FLOP ratio:
+# `answer = on_off.kv_on_off("tiny-target", lengths=[128]).rows[0].speedup`. Far below the ~60× FLOP ratio:
 # per-step overhead, paid by both paths, dominates a model this small.
 # </details>
 #
@@ -616,7 +630,7 @@ ch05.check_kv_stream_ms(answer, bandwidth=peaks.bandwidth, model="llama-2-7b", b
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# `answer = kvcache.kv_gb("llama-2-7b", "fp16", 4096, 16) * 1e9 / peaks.bandwidth * 1e3`: 34 GB of cache.
+# `answer = formulas.kv_gb("llama-2-7b", "fp16", 4096, 16) * 1e9 / peaks.bandwidth * 1e3`: 34 GB of cache.
 # Compare it with the 13.5 GB of weights read in the same step: at this batch and context the cache, not
 # the weights, sets the decode time. That is why GQA and KV quantization matter for serving.
 # </details>

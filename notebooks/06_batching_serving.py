@@ -69,7 +69,7 @@ from IPython.display import display
 import course_lib
 from course_lib.core.mode import pick
 from course_lib.engine import Engine, SamplingParams, SchedulerConfig
-from course_lib.measure import hardware, references
+from course_lib.measure import hardware, microbench, references
 from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.metrics import SLO
 from course_lib.measure.report import record
@@ -81,7 +81,7 @@ torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
 if not CUDA:
     torch.set_num_threads(1)  # one engine thread: steady timings on a shared CPU, and what a server's loop uses
-peaks = hardware.machine_peaks()
+peaks = microbench.machine_peaks()
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
 print(peaks.provenance)
 engine = Engine("tiny-target", device="cuda" if CUDA else "cpu")

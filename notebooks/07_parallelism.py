@@ -68,14 +68,26 @@ from IPython.display import display
 import course_lib
 from course_lib.core.mode import pick
 from course_lib.engine import Engine, SamplingParams
-from course_lib.measure import hardware, references
+from course_lib.measure import hardware, microbench, references
 from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
-from course_lib.parallel import comm, launcher, pipeline, replica, tensor
+from course_lib.parallel import (
+    alpha_beta,
+    collectives,
+    launcher,
+    planning,
+    plots,
+    pp_measure,
+    pp_schedule,
+    replica,
+    tp_comm,
+    tp_measure,
+    tp_model,
+)
 
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
-peaks = hardware.machine_peaks()
+peaks = microbench.machine_peaks()
 cores = hardware.physical_cores()
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
 print(peaks.provenance)
@@ -101,17 +113,17 @@ for model in ["llama-3-8b", "mistral-7b", "llama-2-70b", "llama-3-70b", "qwen2.5
             (
                 d
                 for d in (1, 2, 4, 8, 16)
-                if comm.memory_per_device(model, d, 1, batch=1, context_len=4096, dtype="bf16", gpu=gpu).fits
+                if planning.memory_per_device(model, d, 1, batch=1, context_len=4096, dtype="bf16", gpu=gpu).fits
             ),
             None,
         )
         row.append(f"{gpu}: {n if n else '>16'}")
-    w = comm.memory_per_device(model, 1, 1, batch=1, context_len=4096, dtype="bf16", gpu="H100 SXM").weights
+    w = planning.memory_per_device(model, 1, 1, batch=1, context_len=4096, dtype="bf16", gpu="H100 SXM").weights
     print(f"{model:<14}{w / 1e9:>18.1f}   " + ", ".join(row))
 need = next(
     d
     for d in (1, 2, 4, 8)
-    if comm.memory_per_device("llama-3-70b", d, 1, batch=1, context_len=4096, dtype="bf16", gpu="H100 SXM").fits
+    if planning.memory_per_device("llama-3-70b", d, 1, batch=1, context_len=4096, dtype="bf16", gpu="H100 SXM").fits
 )
 compare_prediction("H100s needed for Llama-3-70B (bf16)", my_gpus_70b, theory=need)
 
@@ -170,17 +182,21 @@ my_allreduce_1mb_ms = None
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-sizes = pick(sorted({*comm.DEFAULT_SIZES, 2**20}), sorted({*(2**k for k in range(2, 27, 2)), *comm.DEFAULT_SIZES}))
-timings = comm.measure_collectives(2, sizes, comm.OPS, repeats=pick(5, 7), min_time_s=pick(0.03, 0.1), launches=3)
-fits = {f.timings[0].op: f for f in comm.fit_by_op(timings).values()}  # by op name; knees where the data ask
-plain = {op: comm.fit_alpha_beta(f.timings) for op, f in fits.items()}  # one β for every size
+sizes = pick(
+    sorted({*collectives.DEFAULT_SIZES, 2**20}), sorted({*(2**k for k in range(2, 27, 2)), *collectives.DEFAULT_SIZES})
+)
+timings = collectives.measure_collectives(
+    2, sizes, collectives.OPS, repeats=pick(5, 7), min_time_s=pick(0.03, 0.1), launches=3
+)
+fits = {f.timings[0].op: f for f in alpha_beta.fit_by_op(timings).values()}  # by op name; knees where the data ask
+plain = {op: alpha_beta.fit_alpha_beta(f.timings) for op, f in fits.items()}  # one β for every size
 for op, fit in fits.items():
     print(fit.describe())
     print(f"    one regime instead: worst error {plain[op].worst_error:.0%}")
 print()
-print(comm.format_by_size(fits.values()))
+print(alpha_beta.format_by_size(fits.values()))
 llc = hardware.detect_device().cache_bytes
-fig = comm.plot_alpha_beta(
+fig = plots.plot_alpha_beta(
     fits.values(),
     links_to_show=("nvlink4", "ib_ndr"),
     marks={f"last-level cache {llc / 2**20:.0f} MiB": llc} if llc else None,
@@ -210,7 +226,7 @@ if knees:
     odd = [(op, t) for op, f in knees.items() for t in f.page_fault_mismatches()]
     claim(
         f"each knee ({', '.join(knees)}) sits where calls start writing into fresh pages (page faults ≈ bytes / "
-        f"{comm.PAGE_BYTES} B), for every message of 1 MiB and more",
+        f"{collectives.PAGE_BYTES} B), for every message of 1 MiB and more",
         min(f.page_fault_agreement() for f in knees.values()),
         at_least=1.0,
         why_not="; ".join(
@@ -266,10 +282,10 @@ for key in ("nvlink4_h100_bandwidth", "pcie_x16_bandwidth", "infiniband_ndr_band
 prompts = ["def fibonacci(n):", "import os\n\n\ndef read(path):"]
 tiny = Engine("tiny-target")  # one process: the reference
 single = [r.output_ids for r in tiny.generate(prompts, SamplingParams(max_new_tokens=8, ignore_eos=True))]
-tp_out = tensor.tp_generate(prompts, world_size=2, max_new_tokens=8)
+tp_out = tp_measure.tp_generate(prompts, world_size=2, max_new_tokens=8)
 print("TP=2 greedy tokens identical to one process, on both ranks:", tp_out[0] == single and tp_out[1] == single)
 try:
-    tensor.check_tp_degree(num_heads=8, num_kv_heads=2, ffn_size=640, world_size=4)
+    tp_model.check_tp_degree(num_heads=8, num_kv_heads=2, ffn_size=640, world_size=4)
 except ValueError as e:
     print("TP=4 refused:", str(e)[:150])
 
@@ -283,7 +299,7 @@ my_tp2_over_tp1 = None  # step time ratio
 # %%
 # NBVAL_IGNORE_OUTPUT
 tp_times = {
-    p: tensor.tp_step_times(p, batch=4, context=128, repeats=pick(10, 30), threads_per_worker=1) for p in (1, 2)
+    p: tp_measure.tp_step_times(p, batch=4, context=128, repeats=pick(10, 30), threads_per_worker=1) for p in (1, 2)
 }
 for p, t in tp_times.items():
     print(t)
@@ -310,18 +326,18 @@ claim(
 
 # %%
 # NBVAL_CHECK_OUTPUT
-plan = comm.parallel_plan("llama-3-70b", 8, "nvlink4", gpu="H100 SXM", batch=1, context_len=4096)
-print(comm.format_plan(plan))
+plan = planning.parallel_plan("llama-3-70b", 8, "nvlink4", gpu="H100 SXM", batch=1, context_len=4096)
+print(planning.format_plan(plan))
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-fig = comm.plot_plan(plan)
+fig = plots.plot_plan(plan)
 display(fig)
 print(f"{'batch':>6}{'NVLink 4 ms/token':>19}{'InfiniBand NDR ms/token':>25}{'IB ÷ NVLink':>13}")
 link_rows = []
 for b in (1, 64, 256):
     nv, ib = (
-        comm.estimate("llama-3-70b", 8, 1, key, batch=b, context_len=4096, gpu="H100 SXM")
+        planning.estimate("llama-3-70b", 8, 1, key, batch=b, context_len=4096, gpu="H100 SXM")
         for key in ("nvlink4", "ib_ndr")
     )
     link_rows.append((b, nv.latency_s, ib.latency_s))
@@ -351,10 +367,10 @@ claim(
 
 # %%
 # NBVAL_CHECK_OUTPUT
-sp_out = tensor.tp_generate(prompts, world_size=2, max_new_tokens=8, sequence_parallel=True)
+sp_out = tp_measure.tp_generate(prompts, world_size=2, max_new_tokens=8, sequence_parallel=True)
 print("TP=2 + sequence parallel: greedy tokens identical to one process:", sp_out[0] == single)
 for sp in (False, True):
-    b = tensor.tp_comm_bytes(256, 6, 128, 2, sequence_parallel=sp)
+    b = tp_comm.tp_comm_bytes(256, 6, 128, 2, sequence_parallel=sp)
     print(f"sequence_parallel={sp!s:<5}: {b}")
 
 # %% [markdown]
@@ -369,8 +385,10 @@ for sp in (False, True):
 # NBVAL_IGNORE_OUTPUT
 fig, axes = plt.subplots(1, 2, figsize=(11, 3), dpi=80)
 for ax, m in zip(axes, (1, 4)):
-    pipeline.plot_timeline(
-        pipeline.gpipe_schedule(4, m), ax=ax, title=f"p=4 stages, m={m}: bubble {pipeline.bubble_fraction(4, m):.2f}"
+    plots.plot_timeline(
+        pp_schedule.gpipe_schedule(4, m),
+        ax=ax,
+        title=f"p=4 stages, m={m}: bubble {pp_schedule.bubble_fraction(4, m):.2f}",
     )
 plt.tight_layout()
 plt.show()
@@ -382,7 +400,7 @@ plt.show()
 # %%
 # NBVAL_CHECK_OUTPUT
 pp_prompts = ["def fibonacci(n):", "import os", "class Stack:", "for i in range(10):"]
-pp = pipeline.pipeline_generate("tiny-target", tiny.encode(pp_prompts), p=2, m=2, max_new_tokens=6)
+pp = pp_measure.pipeline_generate("tiny-target", tiny.encode(pp_prompts), p=2, m=2, max_new_tokens=6)
 ref = [r.output_ids for r in tiny.generate(pp_prompts, SamplingParams(max_new_tokens=6, ignore_eos=True))]
 print("pipeline (p=2, m=2) greedy tokens identical to one process:", pp.tokens == ref)
 
@@ -408,10 +426,10 @@ prompt_tokens = 64  # per prompt: try 12 and re-run, and watch the fixed per-mic
 bubble_prompts = torch.randint(
     0, tiny.model.vocab_size, (8, prompt_tokens), generator=torch.Generator().manual_seed(0)
 ).tolist()
-runs = pipeline.measure_bubble("tiny-target", bubble_prompts, p=2, ms=ms, repeats=pick(3, 5))
-rows = pipeline.bubble_rows(runs)  # medians over the repeats
-print(pipeline.format_bubble_rows(rows))
-fig, ax = pipeline.plot_timeline(runs[ms[-1]][0])
+runs = pp_measure.measure_bubble("tiny-target", bubble_prompts, p=2, ms=ms, repeats=pick(3, 5))
+rows = pp_measure.bubble_rows(runs)  # medians over the repeats
+print(pp_measure.format_bubble_rows(rows))
+fig, ax = plots.plot_timeline(runs[ms[-1]][0])
 display(fig)
 compare_prediction(f"bubble at m={ms[-1]}", my_bubble_m4, theory=rows[-1].formula, measured=rows[-1].wall)
 worst = max(rows, key=lambda r: abs(r.wall - r.formula))
@@ -497,8 +515,8 @@ ch07.check_bubble(answer, p=4, m=12)
 # `answer = (4 - 1) / (12 + 4 - 1)` = 0.2: each stage idles 3 of the 15 slots.
 # </details>
 #
-# **Exercise 2.** With the α–β model and the NVLink 4 figures (`comm.link("nvlink4").alpha`, `.beta`), how
-# many µs does a ring all-reduce of 16 MB over 8 GPUs take?
+# **Exercise 2.** With the α–β model and the NVLink 4 figures (`link("nvlink4").alpha`, `.beta`, from
+# `course_lib.parallel.interconnects`), how many µs does a ring all-reduce of 16 MB over 8 GPUs take?
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -509,14 +527,16 @@ ch07.check_allreduce_us(answer, nbytes=16e6, p=8, link="nvlink4")
 # <details><summary>Answer</summary>
 #
 # ```python
-# lk = comm.link("nvlink4")
+# from course_lib.parallel.interconnects import collective_time, link
+#
+# lk = link("nvlink4")
 # answer = (2 * 7 * lk.alpha + 2 * 7 / 8 * 16e6 * lk.beta) * 1e6
 # ```
-# or `comm.collective_time("all_reduce", 16e6, 8, "nvlink4") * 1e6`.
+# or `collective_time("all_reduce", 16e6, 8, "nvlink4") * 1e6`.
 # </details>
 #
 # **Exercise 3 (re-measure).** Measure the all-reduce of 4 MiB between two processes here
-# (`comm.measure_collectives(2, [4 * 2**20], ["all_reduce"])`), in ms. The check measures again and accepts
+# (`collectives.measure_collectives(2, [4 * 2**20], ["all_reduce"])`), in ms. The check measures again and accepts
 # your number within 35%.
 
 # %%
@@ -527,7 +547,7 @@ ch07.check_allreduce_ms(answer, nbytes=4 * 2**20)
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# `answer = comm.measure_collectives(2, [4 * 2**20], ["all_reduce"])[0].seconds * 1e3`
+# `answer = collectives.measure_collectives(2, [4 * 2**20], ["all_reduce"])[0].seconds * 1e3`
 # </details>
 #
 # **Exercise 4 (your machine).** How many times longer does moving a byte between two processes take

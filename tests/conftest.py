@@ -40,7 +40,7 @@ def flat_step(m, backend, handles, chunks):
 @pytest.fixture(scope="session")
 def tokenizer():
     from course_lib.core.paths import data_dir
-    from course_lib.models.train import load_tokenizer
+    from course_lib.models.tokenizer import load_tokenizer
 
     return load_tokenizer(data_dir() / "models" / "tokenizer")
 

@@ -75,25 +75,19 @@ def test_counting_sync_stub():
     assert count["n"] == 1 + 2 * 4
 
 
-def test_statistics_and_rates():
+def _timed(durations, **kwargs) -> bench.Timing:
+    """``benchmark`` of a call whose n-th run takes ``durations[n]`` seconds on a fake clock, no warm-up."""
     clock = FakeClock()
-    durations = iter([1.0, 2.0, 3.0, 4.0, 10.0])
+    steps = iter(durations)
 
     def fn():
-        clock.now += next(durations)
+        clock.now += next(steps)
 
-    t = bench.benchmark(
-        fn,
-        warmup=0,
-        repeats=5,
-        sync=lambda: None,
-        timer=clock,
-        device="cpu",
-        flops=6e12,
-        bytes=3e9,
-        peaks=False,
-        label="x",
-    )
+    return bench.benchmark(fn, warmup=0, repeats=len(durations), sync=lambda: None, timer=clock, device="cpu", **kwargs)
+
+
+def test_statistics_and_rates():
+    t = _timed([1.0, 2.0, 3.0, 4.0, 10.0], flops=6e12, bytes=3e9, peaks=False, label="x")
     assert t.median_s == 3.0 and t.best_s == 1.0
     assert t.p10_s == pytest.approx(1.4) and t.p90_s == pytest.approx(7.6)
     assert t.iqr_s == pytest.approx(2.0)
@@ -108,23 +102,7 @@ def test_percent_of_peak_from_given_peaks():
     from course_lib.measure.hardware import MeasuredPeaks
 
     peaks = MeasuredPeaks("cpu", 10.0, 20.0, {"fp32": 1.0}, 1, 1)  # 20 GB/s, 1 TFLOP/s
-    clock = FakeClock()
-
-    def fn():
-        clock.now += 1.0
-
-    t = bench.benchmark(
-        fn,
-        warmup=0,
-        repeats=3,
-        sync=lambda: None,
-        timer=clock,
-        device="cpu",
-        flops=0.5e12,
-        bytes=5e9,
-        peaks=peaks,
-        dtype="fp32",
-    )
+    t = _timed([1.0] * 3, flops=0.5e12, bytes=5e9, peaks=peaks, dtype="fp32")
     assert t.pct_measured_bw == pytest.approx(25.0)
     assert t.pct_measured_flops == pytest.approx(50.0)
     assert "25% of measured peak" in str(t)

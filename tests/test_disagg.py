@@ -15,7 +15,6 @@ from course_lib.serving.disagg import (
     DisaggregatedServer,
     SimConfig,
     WorkerError,
-    _Costs,
     extract_kv,
     install_kv,
     kv_transfer_bytes,
@@ -27,6 +26,7 @@ from course_lib.serving.disagg import (
     simulate_disaggregated,
     sweep_rates,
 )
+from course_lib.serving.disagg.simulate import _Costs
 from course_lib.serving.workload import Request
 
 pytestmark = pytest.mark.usefixtures("one_thread")

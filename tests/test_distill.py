@@ -91,8 +91,8 @@ def test_shape_mismatch_names_the_argument():
 
 
 def test_compare_to_teacher_matches_quality_top1_agreement():
-    from course_lib.models.quality import top1_agreement
-    from course_lib.models.train import token_ids
+    from course_lib.models.evaluation import top1_agreement
+    from course_lib.models.tokenizer import token_ids
 
     target, tok = load_model("tiny-target")
     draft, _ = load_model("tiny-draft")

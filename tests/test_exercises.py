@@ -45,7 +45,7 @@ def test_ch01():
     assert ch01.check_decode_intensity(accounting.decode_intensity(shape, 512, 8, "bf16"))
     with pytest.raises(AssertionError):
         ch01.check_decode_intensity(8.0 * 10)
-    from course_lib.measure.roofline import batch_to_reach
+    from course_lib.bottlenecks.llm_phases import batch_to_reach
 
     b = batch_to_reach(gpu_spec("H100 SXM").ridge(), "llama-2-7b", context_len=1)
     assert ch01.check_batch_to_ridge(b)
@@ -81,7 +81,7 @@ def test_ch04_exercises():
 
 def test_ch05_exercises():
     from course_lib.exercises import ch05
-    from course_lib.kv.kvcache import fit_requests, kv_gb
+    from course_lib.kv.formulas import fit_requests, kv_gb
 
     assert not ch05.check_kv_bytes_per_token(None)
     assert ch05.check_kv_bytes_per_token(2 * 32 * 8 * 128 * 2, "llama-3-8b", "bf16")  # 128 KiB
@@ -97,7 +97,7 @@ def test_ch05_exercises():
 
 def test_ch07_exercises():
     from course_lib.exercises import ch07
-    from course_lib.parallel.comm import collective_time
+    from course_lib.parallel.interconnects import collective_time
 
     assert not ch07.check_bubble(None)
     assert ch07.check_bubble(3 / 15, p=4, m=12)

@@ -4,8 +4,9 @@ unanswered waits without measuring."""
 import pytest
 
 from course_lib import exercises
+from course_lib.bottlenecks.llm_phases import batch_to_reach
+from course_lib.bottlenecks.time_floors import output_input_ratio
 from course_lib.exercises import ch00, ch01, ch02
-from course_lib.measure.roofline import batch_to_reach, output_input_ratio
 from course_lib.models.accounting import ModelShape, weight_bytes
 
 
@@ -45,7 +46,7 @@ def test_own_peaks_exercises():
 
 
 def test_remeasuring_checks_measure(monkeypatch):
-    from course_lib.measure import hardware
+    from course_lib.measure import microbench
 
     class FakeTiming:
         bytes = 3 * 2**20
@@ -56,8 +57,8 @@ def test_remeasuring_checks_measure(monkeypatch):
     class FakePeaks:
         triad_gbs = 50.0
 
-    monkeypatch.setattr(hardware, "measure_bandwidth", lambda *a, **k: FakeTiming())
-    monkeypatch.setattr(hardware, "machine_peaks", lambda *a, **k: FakePeaks())
+    monkeypatch.setattr(microbench, "measure_bandwidth", lambda *a, **k: FakeTiming())
+    monkeypatch.setattr(microbench, "machine_peaks", lambda *a, **k: FakePeaks())
     assert ch00.check_cache_speedup(3.1)  # 150 / 50 = 3, within 35%
     with pytest.raises(AssertionError):
         ch00.check_cache_speedup(1.0)
@@ -81,12 +82,12 @@ def test_ch03_exercises():
 
 
 def test_ch04_lookup_speedup_remeasures():
-    from course_lib.decoding import speculation
+    from course_lib.decoding.prompts import GROUNDED_PROMPTS
     from course_lib.engine import Engine
     from course_lib.exercises import ch04
 
     target = Engine("tiny-target")
-    prompt = speculation.GROUNDED_PROMPTS[0]
+    prompt = GROUNDED_PROMPTS[0]
     assert not ch04.check_lookup_speedup(None, target, prompt, new_tokens=8)
     with pytest.raises(AssertionError, match="speed-up"):
         ch04.check_lookup_speedup(1000.0, target, prompt, new_tokens=8)

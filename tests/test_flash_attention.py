@@ -6,19 +6,16 @@ import torch
 import torch.nn.functional as F
 
 import course_lib  # noqa: F401  (TRITON_INTERPRET before Triton)
-from course_lib.kernels import HAS_TRITON
+from course_lib.kernels import HAS_TRITON, launch
 from course_lib.kernels import flash_attention as mod
-from course_lib.kernels.flash_attention import (
+from course_lib.kernels.flash_attention import attention_naive, flash_attention_fwd, flash_attention_torch, resolve_path
+from course_lib.kernels.flash_attention_costs import (
     attention_flops,
-    attention_naive,
     flash_attention_bytes,
-    flash_attention_fwd,
-    flash_attention_torch,
     measure_peak_bytes,
     naive_attention_bytes,
-    online_softmax_steps,
-    resolve_path,
 )
+from course_lib.kernels.online_softmax import online_softmax_steps
 from tests.conftest import flat_step
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="Triton not installed")
@@ -178,7 +175,7 @@ def test_auto_path_and_bf16(monkeypatch):
         _close(out, attention_naive(qb, kb, vb), torch.bfloat16)
         with pytest.raises(ValueError, match="bf16"):
             flash_attention_fwd(qb, kb, vb, path="triton")
-        monkeypatch.setattr(mod, "interpreter_on", lambda: False)
+        monkeypatch.setattr(launch, "interpreter_on", lambda: False)
         flash_attention_fwd(q, k, v)
         assert len(calls) == 1  # a CPU without the interpreter: torch
         with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
@@ -186,7 +183,7 @@ def test_auto_path_and_bf16(monkeypatch):
 
 
 def test_without_triton(monkeypatch):
-    monkeypatch.setattr(mod, "HAS_TRITON", False)
+    monkeypatch.setattr(launch, "HAS_TRITON", False)
     q, k, v = _qkv(1, 2, 1, 7, 11, 16, torch.float32)
     with pytest.raises(RuntimeError, match="Triton is not installed"):
         flash_attention_fwd(q, k, v, path="triton")

@@ -1,23 +1,15 @@
-"""MHA / GQA / MQA (course_lib.kv.gqa): K/V head pooling, the engine on a converted model, cache bytes, uptraining."""
+"""MHA / GQA / MQA (course_lib.kv: heads_timing, heads_pooling, uptraining): K/V head pooling, the engine on a
+converted model, cache bytes, uptraining."""
 
 import json
 
 import pytest
 import torch
 
-from course_lib.kv.gqa import (
-    UPTRAINED_NAME,
-    attention_kind,
-    convert_kv_heads,
-    format_kv_rows,
-    kv_heads_rows,
-    load_uptrained,
-    plot_kv_heads,
-    plot_uptrain,
-    pool_kv_weight,
-    uptrain,
-    uptrained_dir,
-)
+from course_lib.kv.heads_pooling import convert_kv_heads, pool_kv_weight
+from course_lib.kv.heads_timing import attention_kind, kv_heads_rows
+from course_lib.kv.plots import format_kv_rows, plot_kv_heads, plot_uptrain
+from course_lib.kv.uptraining import UPTRAINED_NAME, load_uptrained, uptrain, uptrained_dir
 from course_lib.models.load import load_model
 
 
@@ -214,7 +206,7 @@ def test_shipped_uptrained_model(target):
     ev = log["final_eval"]
     assert ev["uptrained"]["perplexity"] < ev["converted"]["perplexity"]
     assert ev["original"]["tokens"] == ev["uptrained"]["tokens"] > 100_000
-    assert len(log["train_loss"]) == log["steps"] and log["command"].startswith("python -m course_lib.kv.gqa uptrain")
+    assert len(log["train_loss"]) == log["steps"] and log["command"].startswith("python -m course_lib.kv.cli uptrain")
     json.dumps(log)
     # it was trained after the conversion: not the plain mean-pooled tiny-target
     pooled = convert_kv_heads(target[0], 1).model.layers[0].self_attn.k_proj.weight

@@ -1,4 +1,4 @@
-"""The datasheet table, alias lookup, device detection and measured peaks (ratios, never absolute times)."""
+"""The datasheet table, alias lookup, device detection, and the peak microbenchmarks (ratios, never absolute times)."""
 
 import json
 
@@ -7,7 +7,8 @@ import torch
 
 import course_lib
 from course_lib.core.paths import data_dir
-from course_lib.measure import hardware
+from course_lib.measure import hardware, microbench
+from course_lib.measure.hardware import cpu_probe, datasheet, device
 
 # The datasheet figures (dense), as data/references.json cites them: name -> (bf16/fp16, fp8, TB/s, GB, ridge).
 ANCHORS = {
@@ -24,7 +25,7 @@ def test_every_entry_is_complete():
     raw = json.loads((data_dir() / "gpu_specs.json").read_text())["gpus"]
     assert {e["name"] for e in raw} >= set(REQUIRED)
     for entry in raw:
-        for key in hardware._SPEC_KEYS:
+        for key in datasheet._SPEC_KEYS:
             assert key in entry, (entry["name"], key)
         assert entry["source"].strip(), entry["name"]
         assert entry["hbm_tbps"] > 0 and entry["memory_gb"] > 0
@@ -128,12 +129,12 @@ def test_interpreter_set_without_cuda():
 @pytest.mark.parametrize(
     "call,match",
     [
-        (lambda: hardware.measure_matmul("fp33", n=10**9), "unknown dtype"),
-        (lambda: hardware.measure_matmul("int4", n=10**9), "dtype must be one of"),
-        (lambda: hardware.measure_matmul("fp32", n=0), "n must be a positive int"),
-        (lambda: hardware.measure_bandwidth("copy", n_bytes=-5), "n_bytes must be a positive int"),
-        (lambda: hardware.measure_bandwidth("scale"), "kind must be 'copy' or 'triad'"),
-        (lambda: hardware.measure_bandwidth("copy", dtype="int8", n_bytes=10**15), "dtype must be one of"),
+        (lambda: microbench.measure_matmul("fp33", n=10**9), "unknown dtype"),
+        (lambda: microbench.measure_matmul("int4", n=10**9), "dtype must be one of"),
+        (lambda: microbench.measure_matmul("fp32", n=0), "n must be a positive int"),
+        (lambda: microbench.measure_bandwidth("copy", n_bytes=-5), "n_bytes must be a positive int"),
+        (lambda: microbench.measure_bandwidth("scale"), "kind must be 'copy' or 'triad'"),
+        (lambda: microbench.measure_bandwidth("copy", dtype="int8", n_bytes=10**15), "dtype must be one of"),
     ],
 )
 def test_bad_input_raises_before_allocating(call, match):
@@ -143,55 +144,10 @@ def test_bad_input_raises_before_allocating(call, match):
 
 
 def test_bandwidth_counts_reads_and_writes():
-    copy = hardware.measure_bandwidth("copy", n_bytes=1 << 20, repeats=2)
-    triad = hardware.measure_bandwidth("triad", n_bytes=1 << 20, repeats=2)
+    copy = microbench.measure_bandwidth("copy", n_bytes=1 << 20, repeats=2)
+    triad = microbench.measure_bandwidth("triad", n_bytes=1 << 20, repeats=2)
     assert copy.bytes == 2 * (1 << 20) and copy.flops is None
     assert triad.bytes == 3 * (1 << 20) and triad.flops == 2 * (1 << 20) / 4
-
-
-def test_measured_peaks_cached_and_reset(monkeypatch, tmp_path):
-    monkeypatch.setenv("COURSE_CACHE_DIR", str(tmp_path))  # never the user's peaks file
-    calls = []
-
-    def fake_bw(kind, **kw):
-        calls.append(kind)
-        return _FakeTiming(bytes=3e9)
-
-    def fake_mm(dtype, **kw):
-        calls.append(dtype)
-        return _FakeTiming(flops=4e11 if dtype == "fp32" else 1e11)
-
-    monkeypatch.setattr(hardware, "measure_bandwidth", fake_bw)
-    monkeypatch.setattr(hardware, "measure_matmul", fake_mm)
-    hardware.reset()
-    assert hardware.cached_peaks("cpu") is None
-    peaks = hardware.measured_peaks("cpu")
-    assert hardware.measured_peaks("cpu") is peaks  # cached: measured once
-    assert calls == ["copy", "triad", "fp32", "bf16"]
-    assert peaks.bandwidth == pytest.approx(3e9)
-    assert peaks.peak_flops("fp32") == pytest.approx(4e11) and peaks.peak_flops() == pytest.approx(4e11)
-    assert peaks.ridge("bf16") == pytest.approx(1e11 / 3e9)
-    with pytest.raises(ValueError, match="was not measured"):
-        peaks.peak_flops("fp16")
-    hardware.reset()
-    assert hardware.cached_peaks("cpu") is None  # in-process only by default
-    assert hardware.measured_peaks("cpu").from_cache  # the peaks file still has them: not re-measured
-    assert len(calls) == 4
-    hardware.reset(disk=True)  # forget the file too: the next call measures
-    assert hardware.cached_peaks("cpu", disk=True) is None
-    hardware.measured_peaks("cpu")
-    assert len(calls) == 8
-    hardware.reset()
-
-
-class _FakeTiming:
-    """Stands in for bench.Timing: one second per call."""
-
-    def __init__(self, flops=None, bytes=None):
-        self.flops, self.bytes = flops, bytes
-
-    def rate(self, amount, best=False):
-        return amount / 1.0
 
 
 @pytest.mark.slow
@@ -199,7 +155,7 @@ def test_real_peaks_are_plausible(monkeypatch, tmp_path):
     """On any machine: a matmul is far more FLOP-dense than a triad, and copy/triad agree within 4x."""
     monkeypatch.setenv("COURSE_CACHE_DIR", str(tmp_path))
     hardware.reset()
-    peaks = hardware.measured_peaks(refresh=True)
+    peaks = microbench.measured_peaks(refresh=True)
     assert not peaks.from_cache and peaks.measured_at
     assert 0.25 < peaks.copy_gbs / peaks.triad_gbs < 4
     triad_flops = peaks.triad_gbs * 1e9 * (2 / 12)  # triad: 2 FLOPs per 12 bytes
@@ -242,9 +198,9 @@ def test_preferred_dtype_per_device():
 
 
 def test_matmul_dtypes_skip_bf16_on_a_t4():
-    assert hardware.matmul_dtypes(info=T4) == ("fp16", "fp32")
-    assert hardware.matmul_dtypes(info=A100) == ("fp16", "bf16", "fp32")
-    assert hardware.matmul_dtypes("cpu") == ("fp32", "bf16")
+    assert microbench.matmul_dtypes(info=T4) == ("fp16", "fp32")
+    assert microbench.matmul_dtypes(info=A100) == ("fp16", "bf16", "fp32")
+    assert microbench.matmul_dtypes("cpu") == ("fp32", "bf16")
 
 
 def test_spec_of_a_missing_dtype_need_not_raise():
@@ -275,16 +231,16 @@ flags\t\t: fpu sse avx avx2 fma f16c avx512f
 
 def _fake_machine(monkeypatch, files=None, sysctl=None, counts=(None, None), psutil_mhz=None, ram=None):
     files, sysctl = files or {}, sysctl or {}
-    monkeypatch.setattr(hardware, "_read_text", lambda path: files.get(path))
-    monkeypatch.setattr(hardware, "_sysctl", lambda name: sysctl.get(name))
-    monkeypatch.setattr(hardware, "_cpu_counts", lambda: counts)
-    monkeypatch.setattr(hardware, "_psutil_max_mhz", lambda: psutil_mhz)
-    monkeypatch.setattr(hardware, "_ram_bytes", lambda: ram)
+    monkeypatch.setattr(cpu_probe, "_read_text", lambda path: files.get(path))
+    monkeypatch.setattr(cpu_probe, "_sysctl", lambda name: sysctl.get(name))
+    monkeypatch.setattr(cpu_probe, "_cpu_counts", lambda: counts)
+    monkeypatch.setattr(cpu_probe, "_psutil_max_mhz", lambda: psutil_mhz)
+    monkeypatch.setattr(cpu_probe, "_ram_bytes", lambda: ram)
 
 
 def test_hyperthreaded_machine_counts_physical_cores(monkeypatch):
     _fake_machine(monkeypatch, files={"/proc/cpuinfo": HT_CPUINFO}, counts=(4, 2), ram=16 * 10**9)
-    info = hardware._detect_cpu()
+    info = device._detect_cpu()
     assert (info.cores, info.physical_cores, info.core_count) == (4, 2, 2)
     assert hardware.physical_cores() == 2
     # the ceiling multiplies physical cores: 4 threads on 2 cores do not double the FMA units
@@ -293,7 +249,7 @@ def test_hyperthreaded_machine_counts_physical_cores(monkeypatch):
     assert hardware.timing_threads(idle=4.0) == 2
     assert hardware.timing_threads(idle=1.2) == 1
     # no psutil answer: the logical count
-    monkeypatch.setattr(hardware, "_cpu_counts", lambda: (4, None))
+    monkeypatch.setattr(cpu_probe, "_cpu_counts", lambda: (4, None))
     assert hardware.physical_cores() == 4
 
 
@@ -301,15 +257,15 @@ def test_max_clock_preferred_over_current(monkeypatch):
     cpufreq = "/sys/devices/system/cpu/cpu0/cpufreq"
     files = {"/proc/cpuinfo": HT_CPUINFO, f"{cpufreq}/cpuinfo_max_freq": "3400000\n"}
     _fake_machine(monkeypatch, files=files, counts=(4, 2), psutil_mhz=3000.0)
-    info = hardware._detect_cpu()
+    info = device._detect_cpu()
     assert (info.mhz, info.freq_source, info.clock_note) == (3400.0, "max", "max clock")
     assert "3400 MHz (max clock)" in info.describe()
     del files[f"{cpufreq}/cpuinfo_max_freq"]  # psutil's max next
-    assert (hardware._detect_cpu().mhz, hardware._detect_cpu().freq_source) == (3000.0, "max")
+    assert (device._detect_cpu().mhz, device._detect_cpu().freq_source) == (3000.0, "max")
     _fake_machine(monkeypatch, files=files, counts=(4, 2))  # then the nominal "@ 2.20GHz" of the name
-    assert (hardware._detect_cpu().mhz, hardware._detect_cpu().freq_source) == (2200.0, "base")
+    assert (device._detect_cpu().mhz, device._detect_cpu().freq_source) == (2200.0, "base")
     files["/proc/cpuinfo"] = HT_CPUINFO.replace(" @ 2.20GHz", "")  # only "cpu MHz" is left
-    info = hardware._detect_cpu()
+    info = device._detect_cpu()
     assert (info.mhz, info.freq_source) == (2199.998, "current")
     assert "current clock; max not exposed" in info.describe()
 
@@ -317,13 +273,13 @@ def test_max_clock_preferred_over_current(monkeypatch):
 def test_machine_exposing_nothing_says_unknown(monkeypatch):
     """macOS without sysctl answers (or any machine with no /proc and no /sys): unknown, never 0 MiB."""
     _fake_machine(monkeypatch, counts=(8, None))
-    info = hardware._detect_cpu()
+    info = device._detect_cpu()
     assert info.mhz is None and info.freq_source == "" and info.cache_bytes is None and info.isa == ()
     text = info.describe()
     assert "LLC unknown" in text and "clock unknown" in text and "RAM unknown" in text
     assert "0 MiB" not in text and "0 MHz" not in text
     assert hardware.cpu_theoretical_flops(info) is None
-    assert hardware.default_array_bytes("cpu") > 0
+    assert microbench.default_array_bytes("cpu") > 0
 
 
 def test_macos_answers_through_sysctl(monkeypatch):
@@ -335,7 +291,7 @@ def test_macos_answers_through_sysctl(monkeypatch):
         "hw.physicalcpu": "10",
     }
     _fake_machine(monkeypatch, sysctl=sysctl, counts=(10, None))
-    info = hardware._detect_cpu()
+    info = device._detect_cpu()
     assert info.name == "Apple M2 Pro" and info.physical_cores == 10
     assert info.cache_bytes == 16 * 2**20 and info.memory_gb == 32.0
     assert "LLC 16 MiB" in info.describe() and "clock unknown" in info.describe()

@@ -4,8 +4,7 @@ import pytest
 import torch
 
 import course_lib  # noqa: F401  (TRITON_INTERPRET before Triton)
-from course_lib.kernels import HAS_TRITON
-from course_lib.kernels import intensity as mod
+from course_lib.kernels import HAS_TRITON, launch
 from course_lib.kernels.intensity import intensity, intensity_ref, intensity_sweep, intensity_torch
 
 #: Triton runs compiled on a GPU, interpreted on a CPU: tests that force path="triton" use this device.
@@ -96,7 +95,7 @@ def test_bad_tensors():
 
 
 def test_triton_path_without_triton(monkeypatch):
-    monkeypatch.setattr(mod, "HAS_TRITON", False)
+    monkeypatch.setattr(launch, "HAS_TRITON", False)
     with pytest.raises(RuntimeError, match="Triton is not installed"):
         intensity(_x(8, torch.float32), 2, path="triton")
     # auto falls back to torch
@@ -106,7 +105,7 @@ def test_triton_path_without_triton(monkeypatch):
 def test_triton_on_cpu_needs_interpreter(monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("CPU-only behaviour")
-    monkeypatch.setattr(mod, "interpreter_on", lambda: False)
+    monkeypatch.setattr(launch, "interpreter_on", lambda: False)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         intensity(_x(8, torch.float32), 2, path="triton")
 

@@ -1,21 +1,16 @@
-"""Jacobi and lookahead decoding (course_lib.engine.speculative.jacobi): greedy identity, window shifts, n-gram pool, trace."""
+"""Jacobi and lookahead decoding (course_lib.engine.speculative.jacobi; course_lib.decoding.convergence, .jacobi_speed):
+greedy identity, window shifts, n-gram pool, trace, measurement."""
 
 import math
 
 import pytest
 from matplotlib.figure import Figure
 
+from course_lib.decoding.convergence import jacobi_trace, plot_jacobi_trace
+from course_lib.decoding.jacobi_speed import CODE_PROMPT, format_table, measure_jacobi
 from course_lib.engine import SamplingParams
 from course_lib.engine.speculative import SpeculativeDecoder, Verified
-from course_lib.engine.speculative.jacobi import (
-    CODE_PROMPT,
-    JacobiProposer,
-    LookaheadProposer,
-    format_table,
-    jacobi_trace,
-    measure_jacobi,
-    plot_jacobi_trace,
-)
+from course_lib.engine.speculative.jacobi import JacobiProposer, LookaheadProposer
 
 PROMPTS = ["def fibonacci(n):", "The quick brown fox", "import numpy as np\n", CODE_PROMPT]
 

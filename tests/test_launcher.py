@@ -67,9 +67,9 @@ def info_and_sum(rank, world_size, n=4):
 
 
 def test_launch_returns_results_by_rank_and_warns_when_oversubscribed(monkeypatch):
-    import course_lib.measure.hardware
+    import course_lib.measure.hardware.cpu_probe
 
-    monkeypatch.setattr(course_lib.measure.hardware, "physical_cores", lambda: 1)  # 2 workers on "1 core"
+    monkeypatch.setattr(course_lib.measure.hardware.cpu_probe, "physical_cores", lambda: 1)  # 2 workers on "1 core"
     with pytest.warns(RuntimeWarning, match="physical cores"):
         out = launch(info_and_sum, 2, backend="gloo", timeout_s=60, n=3)
     infos = [info for info, _ in out]

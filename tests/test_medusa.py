@@ -1,27 +1,23 @@
-"""Medusa heads (course_lib.engine.speculative.medusa): fingerprint, shapes, greedy identity (chain and tree), tree mask, training."""
+"""Medusa heads (course_lib.engine.speculative.medusa, .medusa_tree; course_lib.decoding.medusa_train, .medusa_speed):
+fingerprint, shapes, greedy identity (chain and tree), tree mask, training, measurement."""
 
 import math
 
 import pytest
 import torch
 
+from course_lib.decoding.medusa_speed import format_medusa_table, measure_medusa
+from course_lib.decoding.medusa_train import target_hidden, train_heads
 from course_lib.engine import Engine, SamplingParams
 from course_lib.engine.speculative import SpeculativeDecoder
 from course_lib.engine.speculative.medusa import (
     MedusaHeads,
     MedusaProposer,
-    MedusaTreeDecoder,
-    check_tree,
-    format_medusa_table,
     load_medusa,
-    measure_medusa,
     medusa_decoder,
     save_medusa,
-    target_hidden,
-    train_heads,
-    tree_from_top,
-    tree_mask,
 )
+from course_lib.engine.speculative.medusa_tree import MedusaTreeDecoder, check_tree, tree_from_top, tree_mask
 from tests.conftest import random_llama
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\nimport re", "class Stack:\n    def", "x = 1\ny = 2\nx = 1\n"]
@@ -140,7 +136,7 @@ def test_save_load_roundtrip(target, tmp_path):
 
 def test_train_heads_lowers_the_loss(target):
     from course_lib.core.paths import data_dir
-    from course_lib.models.train import load_tokenizer, token_ids
+    from course_lib.models.tokenizer import load_tokenizer, token_ids
 
     tok = load_tokenizer(data_dir() / "models" / "tokenizer")
     data = (token_ids(tok, "train"), token_ids(tok, "val")[:4096])

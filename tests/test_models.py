@@ -77,8 +77,8 @@ def test_family_sizes_and_repo_weight_budget():
 
 
 def test_validation_perplexity_matches_model_card():
-    from course_lib.models.quality import evaluate
-    from course_lib.models.train import token_ids
+    from course_lib.models.evaluation import evaluate
+    from course_lib.models.tokenizer import token_ids
 
     quality = json.loads((MODELS / "quality.json").read_text())
     target, tok = load_model("tiny-target")

@@ -8,10 +8,11 @@ from course_lib.engine import Engine, SamplingParams, SchedulerConfig
 from course_lib.engine.attention import ContiguousBackend
 from course_lib.engine.attention.base import sdpa
 from course_lib.engine.attention.block_manager import BlockManager, OutOfBlocks
-from course_lib.engine.attention.paged import PagedBackend, fragmentation, request_mix, sharing
+from course_lib.engine.attention.paged import PagedBackend
 from course_lib.engine.model import LlamaEngineModel
 from course_lib.kernels import HAS_TRITON
 from course_lib.kernels.paged_decode import paged_decode, paged_decode_ref
+from course_lib.kv.paged_memory import fragmentation, request_mix, sharing
 from tests.conftest import flat_step, random_llama
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="Triton not installed")

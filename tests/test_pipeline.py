@@ -8,21 +8,10 @@ import pytest
 import torch
 
 from course_lib.engine import Engine, SamplingParams
-from course_lib.parallel.pipeline import (
-    Slot,
-    StageBackend,
-    Timeline,
-    bubble_fraction,
-    bubble_rows,
-    bubble_with_comm,
-    format_bubble_rows,
-    gpipe_schedule,
-    measure_bubble,
-    pipeline_generate,
-    plot_timeline,
-    split_micro_batches,
-    stage_bounds,
-)
+from course_lib.parallel.plots import plot_timeline
+from course_lib.parallel.pp_measure import bubble_rows, format_bubble_rows, measure_bubble, pipeline_generate
+from course_lib.parallel.pp_schedule import Slot, Timeline, bubble_fraction, bubble_with_comm, gpipe_schedule
+from course_lib.parallel.pp_stages import StageBackend, split_micro_batches, stage_bounds
 
 MODEL = "tiny-target"  # 6 layers: p = 2 gives 3 layers a stage
 NEW_TOKENS = 6

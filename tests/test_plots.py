@@ -6,9 +6,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
+from course_lib.bottlenecks import explorer  # noqa: E402
+from course_lib.bottlenecks.llm_phases import llm_phases  # noqa: E402
 from course_lib.measure import plots  # noqa: E402
 from course_lib.measure.hardware import gpu_spec  # noqa: E402
-from course_lib.measure.roofline import Point, Roof, llm_phases  # noqa: E402
+from course_lib.measure.roofline import Point, Roof  # noqa: E402
 
 
 def test_roofline_plot_is_small_and_loglog():
@@ -34,9 +36,9 @@ def test_measured_vs_theory_checks_lengths():
 
 
 def test_phase_plot_and_explorer():
-    fig, ax = plots.plot_phases(llm_phases("L4", "llama-3-8b", batch=4))
+    fig, ax = explorer.plot_phases(llm_phases("L4", "llama-3-8b", batch=4))
     plt.close(fig)
-    widget = plots.phase_explorer()
+    widget = explorer.phase_explorer()
     assert {c.description for c in widget.children[:-1]} >= {"GPU", "model", "batch", "dtype", "context"}
     plt.close("all")
 
@@ -48,7 +50,7 @@ def _controls(widget) -> dict:
 def _cases():
     """Every GPU with every dtype (the pairs that can fail), cycling through every model and the
     smallest and largest batch and context the sliders offer."""
-    controls = _controls(plots.phase_explorer())
+    controls = _controls(explorer.phase_explorer())
     models, batches, contexts = (controls[k].options for k in ("model", "batch", "context"))
     pairs = [(g, d) for g in controls["GPU"].options for d in controls["dtype"].options]
     for i, (gpu, dtype) in enumerate(pairs):
@@ -64,11 +66,11 @@ def _cases():
 def test_draw_phases_has_data_for_every_option():
     before = plt.get_fignums()
     cases = list(_cases())
-    controls = _controls(plots.phase_explorer())
+    controls = _controls(explorer.phase_explorer())
     for name, key in (("GPU", 0), ("model", 1), ("dtype", 3)):  # every option of every control is drawn
         assert {c[key] for c in cases} == set(controls[name].options)
     for gpu, model, batch, dtype, context in cases:
-        fig, text = plots.draw_phases(gpu, model, batch, dtype, context)
+        fig, text = explorer.draw_phases(gpu, model, batch, dtype, context)
         (ax,) = fig.axes
         assert ax.lines and ax.get_legend().get_texts() and ax.get_title(), (gpu, model, dtype)
         xs = [x for line in ax.lines for x in line.get_xdata()]
@@ -84,19 +86,19 @@ def test_draw_phases_has_data_for_every_option():
 
 
 def test_draw_phases_unsupported_dtype_notes_instead_of_raising():
-    fig, text = plots.draw_phases("T4", "llama-2-7b", 1, "bf16", 512)
+    fig, text = explorer.draw_phases("T4", "llama-2-7b", 1, "bf16", 512)
     assert text.startswith("note: T4 has no bf16 support") and "fp16 roof" in text
     assert any("fp16" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
-    fig, text = plots.draw_phases("A100 80GB SXM", "llama-2-7b", 1, "fp8", 512)
+    fig, text = explorer.draw_phases("A100 80GB SXM", "llama-2-7b", 1, "fp8", 512)
     assert "no fp8 support" in text and "bf16 roof" in text
 
 
 def test_explorer_outputs_and_wiring():
-    outs = plots.explorer_outputs("H100 SXM", "llama-2-7b", 256, "bf16", 512)
+    outs = explorer.explorer_outputs("H100 SXM", "llama-2-7b", 256, "bf16", 512)
     assert [o["output_type"] for o in outs] == ["stream", "display_data"]
     assert "KV cache" in outs[0]["text"] and outs[1]["data"]["image/png"]
-    assert plots.explorer_outputs("H9000", "llama-2-7b", 1, "bf16", 512)[0]["text"].startswith("cannot place")
-    widget = plots.phase_explorer()
+    assert explorer.explorer_outputs("H9000", "llama-2-7b", 1, "bf16", 512)[0]["text"].startswith("cannot place")
+    widget = explorer.phase_explorer()
     out = widget.children[-1]
     assert "llama-2-7b bf16 on H100 SXM" in out.outputs[0]["text"]  # drawn on construction
     controls = _controls(widget)

@@ -36,7 +36,7 @@ def dense_ppl(engine):
 
 
 def test_perplexity_matches_hf_evaluate(engine, dense_ppl):
-    from course_lib.models.quality import evaluate as hf_evaluate
+    from course_lib.models.evaluation import evaluate as hf_evaluate
 
     val = validation_tokens(engine)
     ref = hf_evaluate(engine.hf_model, val, max_tokens=TOKENS)

@@ -4,20 +4,18 @@ import pytest
 import torch
 
 import course_lib  # noqa: F401  (TRITON_INTERPRET before Triton)
-from course_lib.kernels import HAS_TRITON
-from course_lib.kernels import quant_matmul as mod
-from course_lib.kernels.quant_matmul import (
-    MAX_TRITON_ROWS,
+from course_lib.kernels import HAS_TRITON, launch
+from course_lib.kernels.quant_matmul import int4, int8, plan
+from course_lib.kernels.quant_matmul.int4 import (
     dequantize_int4,
     int4_matmul,
     int4_matmul_ref,
     int4_weight_bytes,
-    int8_matmul,
-    int8_matmul_ref,
-    int8_weight_bytes,
     pack_int4,
     unpack_int4,
 )
+from course_lib.kernels.quant_matmul.int8 import int8_matmul, int8_matmul_ref, int8_weight_bytes
+from course_lib.kernels.quant_matmul.plan import MAX_TRITON_ROWS
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="Triton not installed")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -218,7 +216,7 @@ def test_realistic_weights():
 class _Spy:
     def __init__(self, monkeypatch):
         self.calls = 0
-        for name in ("_int8_matmul_kernel", "_int4_matmul_kernel"):
+        for mod, name in ((int8, "_int8_matmul_kernel"), (int4, "_int4_matmul_kernel")):
             if hasattr(mod, name):
                 kernel = getattr(mod, name)
                 monkeypatch.setattr(mod, name, self._wrap(kernel))
@@ -242,7 +240,7 @@ def test_auto_runs_triton_when_it_can(monkeypatch):
     int4_matmul(x, *_int4_weights(4, 64, 32), 32)
     assert spy.calls == 2  # CUDA, or the interpreter (on whenever course_lib found no CUDA)
     if DEV == "cpu":
-        monkeypatch.setattr(mod, "interpreter_on", lambda: False)
+        monkeypatch.setattr(launch, "interpreter_on", lambda: False)
         int8_matmul(x, *_int8_weights(4, 64))
         assert spy.calls == 2  # a CPU without the interpreter: torch
         with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
@@ -261,7 +259,7 @@ def test_prefill_rows_fall_back_to_torch(monkeypatch):
 
 
 def test_without_triton(monkeypatch):
-    monkeypatch.setattr(mod, "HAS_TRITON", False)
+    monkeypatch.setattr(launch, "HAS_TRITON", False)
     x = _x(1, 64, torch.float32)
     q, scale = _int8_weights(4, 64)
     with pytest.raises(RuntimeError, match="Triton is not installed"):
@@ -274,12 +272,12 @@ def test_plan_fills_a_gpu(monkeypatch):
     int4 chunks inside one group when g allows it."""
     if not HAS_TRITON:
         pytest.skip("the plan uses triton.cdiv")
-    monkeypatch.setattr(mod, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(plan, "_sm_count", lambda device: 132)
     gpu = torch.device("cuda")
     for n, k in [(4096, 4096), (14336, 4096), (1024, 4096), (128, 4096), (1, 256), (100, 768)]:
         for m in (1, 4, 16, 64):
             for block_k, group_size in [(None, None), (32, None), (256, None), (None, 128), (None, 256), (None, 48)]:
-                p = mod._plan(m, n, k, gpu, None, block_k, None, group_size)
+                p = plan.plan_launch(m, n, k, gpu, None, block_k, None, group_size)
                 tiles, splits = p["grid"]
                 bk = p["BLOCK_K"]
                 assert tiles * p["BLOCK_N"] >= n > (tiles - 1) * p["BLOCK_N"]
@@ -289,14 +287,14 @@ def test_plan_fills_a_gpu(monkeypatch):
                 assert p["BLOCK_N"] >= (16 if m == 1 else 32)
                 assert p["EVEN_K"] == (k % bk == 0)
                 if block_k is None and m == 1:
-                    assert p["BLOCK_N"] * bk <= mod.GEMV_TILE
+                    assert p["BLOCK_N"] * bk <= plan.GEMV_TILE
                 if group_size in (128, 256) and block_k is None:
                     assert group_size % bk == 0 and bk >= 32  # one group per chunk
                 if group_size == 48:
                     assert bk >= 32
                 if n >= 4096:
                     assert tiles * splits >= 132
-    cpu = mod._plan(1, 4096, 4096, torch.device("cpu"), None, None, None)
+    cpu = plan.plan_launch(1, 4096, 4096, torch.device("cpu"), None, None, None)
     assert cpu["grid"] == (64, 1)
 
 

@@ -4,6 +4,8 @@ formulas."""
 import numpy as np
 import pytest
 
+from course_lib.bottlenecks.llm_phases import batch_to_reach, llm_phases
+from course_lib.bottlenecks.time_floors import decode_time, generation_flops, output_input_ratio, prefill_time
 from course_lib.measure import roofline
 from course_lib.measure.hardware import gpu_spec
 from course_lib.measure.roofline import Point, Roof
@@ -51,9 +53,9 @@ def test_point_from_timing():
         (lambda: roofline.attainable(-1, 1, 1), "intensity must be non-negative"),
         (lambda: Roof("x", 1, 1, kind="guess"), "kind must be"),
         (lambda: Roof.from_spec("H900"), "unknown GPU name"),
-        (lambda: roofline.llm_phases("H100 SXM", "llama-2-7b", batch=0), "batch must be a positive int"),
-        (lambda: roofline.llm_phases("H100 SXM", "llama-9"), "unknown model preset"),
-        (lambda: roofline.llm_phases("T4", "llama-2-7b", dtype="bf16"), "no bf16 support"),
+        (lambda: llm_phases("H100 SXM", "llama-2-7b", batch=0), "batch must be a positive int"),
+        (lambda: llm_phases("H100 SXM", "llama-9"), "unknown model preset"),
+        (lambda: llm_phases("T4", "llama-2-7b", dtype="bf16"), "no bf16 support"),
     ],
 )
 def test_bad_input(call, match):
@@ -63,49 +65,47 @@ def test_bad_input(call, match):
 
 def test_llm_phases_agree_with_accounting():
     shape = accounting.ModelShape.from_name("llama-2-7b")
-    rep = roofline.llm_phases("A100 80GB SXM", "llama-2-7b", batch=4, prompt_len=256, context_len=256)
+    rep = llm_phases("A100 80GB SXM", "llama-2-7b", batch=4, prompt_len=256, context_len=256)
     assert rep.decode.intensity == pytest.approx(accounting.decode_intensity(shape, 256, 4, "bf16"))
     assert rep.prefill.intensity == pytest.approx(accounting.prefill_intensity(shape, 256, 4, "bf16"))
     assert rep.decode.bound == "memory-bound" and rep.prefill.bound == "compute-bound"
     # batch-1 decode on A100 reads ~13.5 GB of weights at 2.039 TB/s: ~6.6 ms, <= ~150 tok/s
-    one = roofline.llm_phases("A100 80GB SXM", "llama-2-7b", batch=1, context_len=1)
+    one = llm_phases("A100 80GB SXM", "llama-2-7b", batch=1, context_len=1)
     assert one.decode.seconds == pytest.approx(accounting.weights_read_per_step(shape, 1) / 2.039e12, rel=0.01)
     assert one.fits_in_memory
-    assert not roofline.llm_phases("H100 SXM", "llama-2-70b").fits_in_memory
+    assert not llm_phases("H100 SXM", "llama-2-70b").fits_in_memory
     assert "decode" in str(rep)
 
 
 def test_decode_intensity_climbs_with_batch_until_ridge():
-    rep = [roofline.llm_phases("H100 SXM", "llama-3-8b", batch=b, context_len=1) for b in (1, 8, 64, 512)]
+    rep = [llm_phases("H100 SXM", "llama-3-8b", batch=b, context_len=1) for b in (1, 8, 64, 512)]
     intens = [r.decode.intensity for r in rep]
     assert intens == sorted(intens) and intens[0] < 2 < intens[-1]
     ridge = rep[0].roof.ridge
-    b = roofline.batch_to_reach(ridge, "llama-3-8b", context_len=1)
+    b = batch_to_reach(ridge, "llama-3-8b", context_len=1)
     shape = accounting.ModelShape.from_name("llama-3-8b")
     assert accounting.decode_intensity(shape, 1, b) >= ridge > accounting.decode_intensity(shape, 1, b - 1)
     # long contexts: the KV cache grows with batch as fast as the FLOPs, so decode never gets there
-    assert roofline.batch_to_reach(ridge, "llama-2-7b", context_len=32768) is None
+    assert batch_to_reach(ridge, "llama-2-7b", context_len=32768) is None
 
 
 def test_predictions_follow_the_roofline():
     shape = accounting.ModelShape.from_name("llama-2-7b")
     spec = gpu_spec("H100 SXM")
     peak, bw = spec.peak_flops("bf16"), spec.bandwidth
-    step = roofline.decode_time(shape, 1, peak, bw, "bf16")
+    step = decode_time(shape, 1, peak, bw, "bf16")
     assert step == pytest.approx(accounting.decode_step_bytes(shape, 1, 1, "bf16") / bw)
-    assert roofline.prefill_time(shape, 512, peak, bw, "bf16") == pytest.approx(
-        accounting.prefill_flops(shape, 512) / peak
-    )
+    assert prefill_time(shape, 512, peak, bw, "bf16") == pytest.approx(accounting.prefill_flops(shape, 512) / peak)
     # one output token ≈ (bytes per param / 2) × ridge input tokens
-    ratio = roofline.output_input_ratio(shape, peak, bw, "bf16")
+    ratio = output_input_ratio(shape, peak, bw, "bf16")
     assert ratio == pytest.approx(spec.ridge("bf16"), rel=0.05)
-    assert roofline.output_input_ratio(shape, peak, bw, "fp32") == pytest.approx(2 * ratio, rel=1e-6)
+    assert output_input_ratio(shape, peak, bw, "fp32") == pytest.approx(2 * ratio, rel=1e-6)
     # a big batch crosses the ridge: the step becomes compute-bound
-    assert roofline.decode_time(shape, 1, peak, bw, "bf16", batch=1024) == pytest.approx(
+    assert decode_time(shape, 1, peak, bw, "bf16", batch=1024) == pytest.approx(
         accounting.decode_flops(shape, 1, 1024) / peak
     )
-    total = roofline.generation_flops(shape, 10, 3)
+    total = generation_flops(shape, 10, 3)
     assert total == pytest.approx(
         accounting.prefill_flops(shape, 10) + accounting.decode_flops(shape, 11) + accounting.decode_flops(shape, 12)
     )
-    assert roofline.generation_flops(shape, 10, 1) == accounting.prefill_flops(shape, 10)
+    assert generation_flops(shape, 10, 1) == accounting.prefill_flops(shape, 10)

@@ -1,4 +1,4 @@
-"""Tensor and sequence parallelism (course_lib.parallel.tensor) against the single-process engine, on 2 gloo ranks.
+"""Tensor and sequence parallelism (course_lib.parallel.tp_model, sequence_parallel) against the single-process engine, on 2 gloo ranks.
 
 One ``launch`` of two workers runs every distributed check and sends its tensors home; the single-process
 reference is computed here, in the test process. fp32 tolerance: 1e-5 (the row-parallel sums are
@@ -14,7 +14,9 @@ import torch
 
 from course_lib.engine import Engine, SamplingParams
 from course_lib.parallel.launcher import launch
-from course_lib.parallel.tensor import Comm, TPStepTimes, _step_worker, shard_model, tp_comm_bytes, tp_engine
+from course_lib.parallel.tp_comm import Comm, tp_comm_bytes
+from course_lib.parallel.tp_measure import TPStepTimes, _step_worker
+from course_lib.parallel.tp_model import shard_model, tp_engine
 
 PROMPTS = ["def fibonacci(n):", "The quick brown fox jumps over the"]  # 9 + 13 tokens: N even, then odd
 WORLD = 2
@@ -225,7 +227,7 @@ def test_bad_rank_and_double_sharding(single):
 
 
 def test_tp_generate_matches_single_process_and_checks_input(single):
-    from course_lib.parallel.tensor import tp_generate
+    from course_lib.parallel.tp_measure import tp_generate
 
     ranks_out = tp_generate(["def fibonacci(n):"], world_size=2, max_new_tokens=4)
     assert ranks_out[0] == ranks_out[1]

@@ -80,10 +80,10 @@ def test_skip_without_cuda(monkeypatch):
 
 
 def test_cpu_copy_reuses_hardware_bandwidth(monkeypatch):
-    from course_lib.measure import hardware
+    from course_lib.measure import microbench
 
     calls = []
-    monkeypatch.setattr(hardware, "measure_bandwidth", lambda *a, **k: calls.append((a, k)) or "timing")
+    monkeypatch.setattr(microbench, "measure_bandwidth", lambda *a, **k: calls.append((a, k)) or "timing")
     assert tr.measure_cpu_copy(1 << 20, repeats=2) == "timing"
     assert calls == [(("copy",), {"n_bytes": 1 << 20, "device": "cpu", "repeats": 2})]
 

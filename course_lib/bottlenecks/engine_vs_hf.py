@@ -5,7 +5,7 @@ the prefill and set-up cancel, what is left is the bandwidth-bound decode loop. 
 - MBU: the bytes a step must move (every weight + the KV cache read) over the measured bandwidth;
 - the effective weight bandwidth: the bytes of the weights a step multiplies by, divided by the
   step time, i.e. how fast the engine streams its weights, to set beside the STREAM bandwidth.
-Used by ``benchmarks/engine_vs_hf.py`` and 02_metrics_2_throughput_utilization.ipynb.
+Introduced in 02_metrics_2_throughput_utilization.ipynb; ``benchmarks/engine_vs_hf.py`` runs it at full size.
 """
 
 from __future__ import annotations

@@ -201,9 +201,9 @@ def format_transfer_table(rows: list[TransferRow]) -> str:
 
 
 def measure_cpu_copy(n_bytes: int | None = None, repeats: int | None = None):
-    """On a CPU the "host→device copy" is a memcpy within DRAM: ``hardware.measure_bandwidth("copy")``.
+    """On a CPU the "host→device copy" is a memcpy within DRAM: ``microbench.measure_bandwidth("copy")``.
     Returns its ``bench.Timing``; ``gbps`` counts bytes read + written (STREAM's convention), so the
     payload moved per second is half of it — compare that half with measure_h2d's GB/s."""
-    from course_lib.measure import hardware
+    from course_lib.measure import microbench
 
-    return hardware.measure_bandwidth("copy", n_bytes=n_bytes, device="cpu", repeats=repeats)
+    return microbench.measure_bandwidth("copy", n_bytes=n_bytes, device="cpu", repeats=repeats)

@@ -65,7 +65,7 @@ def calibration_windows(
     if data is None:
         if split not in ("train", "val"):
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-        from course_lib.models.train import token_ids
+        from course_lib.models.tokenizer import token_ids
 
         data = token_ids(engine.tokenizer, split)
     data = np.asarray(data)

@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -35,30 +33,29 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from course_lib.compression.checks import check_int, check_positive
+from course_lib.models.evaluation import _windows, evaluate
 from course_lib.models.family import SPECS
-from course_lib.models.quality import _windows, evaluate
+from course_lib.models.tokenizer import load_tokenizer, token_ids
 from course_lib.models.train import (
+    command_line,
     get_batch,
-    load_tokenizer,
     lr_at,
     make_optimizer,
+    optimizer_step,
     run_info,
-    token_ids,
     warmup_steps,
 )
 
 
 # ---------------------------------------------------------------------------- the loss
 def _check_hyper(temperature, alpha) -> tuple[float, float]:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    temperature = check_positive("temperature", temperature)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
         raise ValueError(f"alpha must be a number in [0, 1], got {alpha!r}")
     if not 0 <= alpha <= 1:
         raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
-    return float(temperature), float(alpha)
+    return temperature, float(alpha)
 
 
 def distill_terms(
@@ -120,7 +117,7 @@ def _mix(soft: torch.Tensor, ce: torch.Tensor, alpha: float) -> torch.Tensor:
 def compare_to_teacher(
     student, teacher, data: np.ndarray, seq_len: int = 256, max_tokens: int = 65_536, batch: int = 8
 ) -> dict[str, float]:
-    """Over the same consecutive validation windows as ``quality.evaluate`` / ``quality.top1_agreement``:
+    """Over the same consecutive validation windows as ``evaluation.evaluate`` / ``evaluation.top1_agreement``:
     ``kl`` = mean KL(teacher ‖ student) at temperature 1 (nats/token), ``agreement`` = fraction of
     positions where both pick the same argmax (greedy speculative decoding's α), ``accept`` = mean
     Σ min(p, q) (the acceptance rate of speculative sampling at temperature 1), ``tokens``."""
@@ -178,10 +175,8 @@ def train_student(
         ("eval_every", eval_every),
         ("eval_tokens", eval_tokens),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+        check_int(name, value, 1)
+    check_positive("lr", lr)
     if threads:
         torch.set_num_threads(threads)
     out = Path(out)
@@ -251,10 +246,7 @@ def train_student(
         logits = model(input_ids=x).logits  # (B, T, V)
         soft, ce = distill_terms(logits, teacher_logits, y, temperature)
         loss = _mix(soft, ce, alpha)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, model.parameters())
         for key, value in (("loss", loss.item()), ("soft", soft.item()), ("ce", ce.item())):
             ema[key] = value if key not in ema else 0.98 * ema[key] + 0.02 * value
         bar.set_postfix(loss=f"{ema['loss']:.3f}", ce=f"{ema['ce']:.3f}", refresh=False)
@@ -292,9 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-tokens", type=int, default=1_000_000, help="validation tokens, final evaluation")
     parser.add_argument("--smoke", action="store_true", help="'smoke' student, 5 steps: checks the pipeline")
     args = parser.parse_args(argv)
-    command = "python -m course_lib.compression.distill " + " ".join(
-        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
-    )
+    command = command_line("course_lib.compression.distill", argv)
     if args.smoke:
         args.student, args.steps, args.batch, args.seq_len, args.eval_every = "smoke", 5, 2, 32, 5
         args.eval_tokens = 2048

@@ -5,7 +5,7 @@ and after structured pruning or a quantized layer the ``transformers`` model no 
 same thing. So everything here runs ``engine.model.dense_logits``: the layers that were compressed
 are the layers that are evaluated, never the untouched HF module.
 - ``perplexity`` / ``evaluate``: next-token loss on consecutive windows of the validation split
-  (the same windows and maths as ``course_lib.models.quality.evaluate``, which runs the HF model);
+  (the same windows and maths as ``course_lib.models.evaluation.evaluate``, which runs the HF model);
 - ``greedy_agreement``: teacher-forced top-1 agreement of two engines on the same windows, i.e. the
   fraction of positions where both would pick the same greedy next token given the same prefix;
 - ``decode_step_time``: seconds per decode step of ``engine.generate`` at a given batch.
@@ -23,7 +23,7 @@ import torch
 
 def validation_tokens(engine) -> np.ndarray:
     """The validation split as token ids of ``engine.tokenizer`` (cached on disk after the first call)."""
-    from course_lib.models.train import token_ids
+    from course_lib.models.tokenizer import token_ids
 
     return token_ids(engine.tokenizer, "val")
 
@@ -35,8 +35,8 @@ def _check_int(name: str, value, minimum: int) -> int:
 
 
 def _windows(engine, data, seq_len: int, max_tokens: int) -> list[np.ndarray]:
-    """Consecutive ``seq_len + 1`` windows of ``data`` (the validation split if None), as in quality.evaluate."""
-    from course_lib.models.quality import _windows
+    """Consecutive ``seq_len + 1`` windows of ``data`` (the validation split if None), as in evaluation.evaluate."""
+    from course_lib.models.evaluation import _windows
 
     _check_int("seq_len", seq_len, 1)
     _check_int("max_tokens", max_tokens, 1)

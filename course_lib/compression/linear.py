@@ -8,8 +8,8 @@ against the first:
   ``aten._weight_int8pack_mm`` (int8, symmetric per channel) and ``aten._weight_int4pack_mm_for_cpu``
   (int4 in groups, the (u − 8)·scale + zero format). Their fast path takes bf16 activations, so the
   layer rounds x to bf16 and returns x's dtype; results agree with the reference to bf16 precision.
-- ``triton``: the course's kernels (``course_lib.kernels.quant_matmul``), which dequantize in registers
-  on a GPU (and run, slowly, in the Triton interpreter for tests).
+- ``triton``: the course's kernels (``course_lib.kernels.quant_matmul``: ``int8``, ``int4``), which
+  dequantize in registers on a GPU (and run, slowly, in the Triton interpreter for tests).
 A decode step reads the integers and scales instead of fp32 weights: ~4× fewer bytes for int8 and ~8×
 for int4, which is the whole speed-up of a bandwidth-bound step. Prefill-shaped inputs (more than
 ``max_rows`` rows) take the reference path: they are compute-bound and gain nothing from fewer bytes.
@@ -142,13 +142,14 @@ class WeightOnlyLinear(Linear):
                 y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, data, self.qw.group_size, params)
             y = y.to(x.dtype)
         else:
-            from course_lib.kernels import quant_matmul as qm
+            from course_lib.kernels.quant_matmul.int4 import int4_matmul
+            from course_lib.kernels.quant_matmul.int8 import int8_matmul
 
             c = self.qw.config
             if c.bits == 8:
-                y = qm.int8_matmul(x2.contiguous(), self.qw.data, self.qw.scale[:, 0].contiguous(), path="triton")
+                y = int8_matmul(x2.contiguous(), self.qw.data, self.qw.scale[:, 0].contiguous(), path="triton")
             else:
-                y = qm.int4_matmul(
+                y = int4_matmul(
                     x2.contiguous(),
                     self.qw.data,
                     self.qw.scale.contiguous(),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course_lib.kernels.quant_matmul import pack_int4, unpack_int4  # the storage the kernels read
+from course_lib.kernels.quant_matmul.int4 import pack_int4, unpack_int4  # the storage the kernels read
 
 BITS = (8, 4)
 GRANULARITIES = ("tensor", "channel", "group")

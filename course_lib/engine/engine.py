@@ -6,11 +6,12 @@
         for event in engine.step():        # schedule → one forward over the flat batch → sample → postprocess
             print(event.request, event.token_id, event.time)
 
-``generate`` / ``events`` / ``stream`` are thin wrappers around that loop, and ``beam_search`` drives the
-same forward and KV storage directly. Every emitted token carries the ``time.perf_counter()`` at which
-its id reached the host (``.tolist()`` waits for the device), so TTFT/TPOT/throughput come from real
-events. Requests may be added between steps: with the ``continuous`` policy they join the running
-batch at the next step. Introduced in 02_metrics_1_latency.ipynb; the architecture is drawn in ``engine/README.md``.
+``generate`` / ``events`` / ``stream`` are thin wrappers around that loop, and ``beam_search`` (in
+``beam_search.py``) drives the same forward and KV storage directly. Every emitted token carries the
+``time.perf_counter()`` at which its id reached the host (``.tolist()`` waits for the device), so
+TTFT/TPOT/throughput come from real events. Requests may be added between steps: with the ``continuous``
+policy they join the running batch at the next step. Introduced in 02_metrics_1_latency.ipynb; the
+architecture is drawn in ``engine/README.md``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 
 from course_lib.engine.attention import AttentionBackend, ContiguousBackend, NoCacheBackend
+from course_lib.engine.beam_search import beam_search as _beam_search
 from course_lib.engine.layers import SkinnyLinear
 from course_lib.engine.model import LlamaEngineModel, check_supported
 from course_lib.engine.sampler import Sampler
@@ -440,74 +442,4 @@ class Engine:
             yield piece, ev
 
     # ---------------------------------------------------------------- beam search
-    @torch.inference_mode()
-    def beam_search(
-        self,
-        prompt,
-        num_beams: int = 4,
-        max_new_tokens: int = 32,
-        length_penalty: float = 1.0,
-        ignore_eos: bool = False,
-    ) -> list[int]:
-        """Keep the ``num_beams`` best partial sequences by total log-probability (Xiao & Zhu's beam decoding).
-
-        Finished hypotheses (ending in EOS) are scored sum_logprob / generated_len ** length_penalty.
-        Returns the best generated ids. With ``ignore_eos`` EOS is never chosen. Beams share the prompt's
-        KV by ``fork``; a beam that no child continues is ``free``d.
-        """
-        params = SamplingParams(num_beams=num_beams, max_new_tokens=max_new_tokens, length_penalty=length_penalty)
-        [ids] = self.encode([prompt] if isinstance(prompt, str) else [prompt])
-        self.check_fits([ids], params.max_new_tokens)
-        kv = self.backend
-        if not kv.stores_kv:
-            raise RuntimeError("beam_search needs a backend that stores KV")
-        root = kv.allocate()
-        handles = [root]
-        try:
-            kv.append(root, len(ids))
-            logits = self.forward([root], [ids], [0])  # (1, V)
-            scores = torch.zeros(1, device=self.device)
-            beams: list[list[int]] = [[]]
-            finished: list[tuple[float, list[int]]] = []
-            for step in range(max_new_tokens):
-                logp = torch.log_softmax(logits.float(), dim=-1)  # (nb, V)
-                V = logp.shape[-1]
-                if ignore_eos:
-                    logp[:, list(self.eos_ids)] = -math.inf
-                cand = (scores[:, None] + logp).flatten()  # (nb*V,)
-                top_scores, top_idx = cand.topk(2 * num_beams)
-                next_rows, next_tokens, next_scores = [], [], []
-                for rank, (s, flat) in enumerate(zip(top_scores.tolist(), top_idx.tolist())):
-                    row, tok = divmod(flat, V)
-                    if tok in self.eos_ids:
-                        if rank < num_beams:  # an EOS outside the top num_beams is not a real candidate
-                            finished.append((s / (step + 1) ** length_penalty, beams[row] + [tok]))
-                        continue
-                    next_rows.append(row)
-                    next_tokens.append(tok)
-                    next_scores.append(s)
-                    if len(next_rows) == num_beams:
-                        break
-                best_running = max(next_scores) / (step + 1) ** length_penalty
-                if finished and max(f[0] for f in finished) >= best_running and length_penalty >= 0:
-                    break  # no running beam can still beat the best finished one (scores only fall)
-                new_handles, used = [], set()
-                for r in next_rows:  # a parent's first child takes its storage, later children fork it
-                    new_handles.append(kv.fork(handles[r]) if r in used else handles[r])
-                    used.add(r)
-                for r, h in enumerate(handles):
-                    if r not in used:
-                        kv.free(h)
-                handles = new_handles
-                beams = [beams[r] + [t] for r, t in zip(next_rows, next_tokens)]
-                scores = torch.tensor(next_scores, device=self.device)
-                if step + 1 < max_new_tokens:
-                    for h in handles:
-                        kv.append(h, 1)
-                    logits = self.forward(handles, [[t] for t in next_tokens], [kv.length(h) - 1 for h in handles])
-            for s, b in zip(scores.tolist(), beams):
-                finished.append((s / max(1, len(b)) ** length_penalty, b))
-            return max(finished, key=lambda f: f[0])[1]
-        finally:
-            for h in handles:
-                kv.free(h)
+    beam_search = _beam_search  # (prompt, num_beams=4, max_new_tokens=32, ...): beam_search.py, on this engine

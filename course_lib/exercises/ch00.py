@@ -5,7 +5,7 @@ from __future__ import annotations
 from course_lib.exercises import check, check_measurement
 from course_lib.measure.claims import Verdict
 from course_lib.measure.costs import triad_cost
-from course_lib.measure.hardware import gpu_spec
+from course_lib.measure.hardware.datasheet import gpu_spec
 from course_lib.models.accounting import ModelShape, weight_bytes
 
 
@@ -55,7 +55,7 @@ def check_weight_read_ms(answer, model: str = "llama-2-7b", gpu: str = "H200 SXM
 def check_cache_speedup(answer, n_bytes: int = 2**20) -> Verdict:
     """Exercise 4 (re-measure): the triad over cache-sized arrays (``n_bytes`` each) vs the
     machine's DRAM triad, as a ratio of GB/s. The check measures both again."""
-    from course_lib.measure.hardware import machine_peaks, measure_bandwidth
+    from course_lib.measure.microbench import machine_peaks, measure_bandwidth
 
     def measure() -> float:
         small = measure_bandwidth("triad", n_bytes=n_bytes)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from course_lib.bottlenecks.llm_phases import batch_to_reach, llm_phases
 from course_lib.exercises import check
 from course_lib.measure.claims import Verdict
 from course_lib.measure.costs import gemv_cost
-from course_lib.measure.hardware import gpu_spec
-from course_lib.measure.roofline import batch_to_reach, llm_phases
+from course_lib.measure.hardware.datasheet import gpu_spec
 from course_lib.models.accounting import ModelShape, decode_intensity
 
 

@@ -3,12 +3,12 @@ and the roofline's version of Anyscale's "100 input tokens ≈ 1 output token"."
 
 from __future__ import annotations
 
+from course_lib.bottlenecks.time_floors import output_input_ratio
 from course_lib.core.dtypes import dtype_bytes
 from course_lib.exercises import check
 from course_lib.measure.claims import Verdict
-from course_lib.measure.hardware import gpu_spec
+from course_lib.measure.hardware.datasheet import gpu_spec
 from course_lib.measure.metrics import SLO, RequestTrace, mbu, percentiles, summarize
-from course_lib.measure.roofline import output_input_ratio
 from course_lib.models.accounting import ModelShape, param_count
 
 
@@ -186,5 +186,5 @@ def check_ratio_on_this_machine(
         f"output/input token ratio of {model} {dtype} on this machine",
         answer,
         output_input_ratio(_shape(model), peak_flops, bandwidth, dtype),
-        hint="roofline.output_input_ratio(shape, PEAK, BW, DT).",
+        hint="time_floors.output_input_ratio(shape, PEAK, BW, DT).",
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from course_lib.engine.speculative import best_gamma, expected_tokens
+from course_lib.engine.speculative.theory import best_gamma, expected_tokens
 from course_lib.exercises import check, check_measurement
 from course_lib.measure.claims import Verdict
 
@@ -36,19 +36,19 @@ def check_best_gamma(answer, alpha: float = 0.7, c: float = 0.1, max_gamma: int 
 
 def check_lookup_speedup(answer, target, prompt: str, gamma: int = 4, new_tokens: int = 48) -> Verdict:
     """Exercise 3 (re-measure): prompt lookup's speed-up over plain greedy on ``prompt``."""
-    from course_lib.decoding import speculation
-    from course_lib.engine.speculative import PromptLookupProposer
+    from course_lib.decoding import speedup
+    from course_lib.engine.speculative.prompt_lookup import PromptLookupProposer
 
     def measure() -> float:
-        base = speculation.baseline(target, [prompt], new_tokens, repeats=3)
-        return speculation.run_method(target, PromptLookupProposer(2, 4), gamma, base, repeats=3).speedup
+        base = speedup.baseline(target, [prompt], new_tokens, repeats=3)
+        return speedup.run_method(target, PromptLookupProposer(2, 4), gamma, base, repeats=3).speedup
 
     return check_measurement(
         f"prompt lookup's speed-up at γ={gamma}",
         answer,
         measure,
         unit="x",
-        hint="speculation.run_method(target, PromptLookupProposer(2, 4), 4, speculation.baseline(...)).speedup",
+        hint="speedup.run_method(target, PromptLookupProposer(2, 4), 4, speedup.baseline(...)).speedup",
     )
 
 

@@ -28,7 +28,7 @@ def check_kv_bytes_per_token(answer, model: str = "llama-3-8b", dtype: str = "bf
 
 def check_fit_requests(answer, model: str = "llama-3-8b", gpu: str = "H100 SXM", context: int = 8192) -> Verdict:
     """Exercise 2: requests of ``context`` tokens that fit in 90% of the GPU's memory beside bf16 weights."""
-    from course_lib.kv.kvcache import fit_requests
+    from course_lib.kv.formulas import fit_requests
 
     if answer is not None and (isinstance(answer, bool) or not isinstance(answer, int)):
         raise ValueError(f"answer must be an int (a number of requests), got {answer!r}")
@@ -44,7 +44,7 @@ def check_fit_requests(answer, model: str = "llama-3-8b", gpu: str = "H100 SXM",
 
 def check_kv_speedup(answer, length: int = 128) -> Verdict:
     """Exercise 3 (re-measure): how many times faster tiny-target reaches ``length`` tokens with the cache."""
-    from course_lib.kv.kvcache import kv_on_off
+    from course_lib.kv.on_off import kv_on_off
 
     def measure() -> float:
         return kv_on_off("tiny-target", lengths=[length], repeats=3).rows[0].speedup
@@ -62,7 +62,7 @@ def check_kv_stream_ms(
     answer, bandwidth: float, model: str = "llama-2-7b", batch: int = 16, context: int = 4096
 ) -> Verdict:
     """Exercise 4 (your peaks): ms to read the whole fp16 KV cache of a decode batch once at ``bandwidth``."""
-    from course_lib.kv.kvcache import kv_gb
+    from course_lib.kv.formulas import kv_gb
 
     if (
         isinstance(bandwidth, bool)

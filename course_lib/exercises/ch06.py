@@ -58,7 +58,7 @@ def check_goodput(answer, ttft_s, tpot_s, duration_s: float, slo_ttft: float = 1
 def check_continuous_gain(answer, engine, trace, max_num_seqs: int = 16) -> Verdict:
     """Exercise 3 (re-measure): continuous ÷ static throughput on ``trace`` with the real engine."""
     from course_lib.engine import SchedulerConfig
-    from course_lib.serving.simulator import run_real
+    from course_lib.serving.simulator.wall_clock import run_real
 
     def measure() -> float:
         tput = {

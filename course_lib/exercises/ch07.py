@@ -12,7 +12,7 @@ from course_lib.measure.claims import Verdict
 
 def check_bubble(answer, p: int = 4, m: int = 12) -> Verdict:
     """Exercise 1: the GPipe bubble fraction with p stages and m micro-batches."""
-    from course_lib.parallel.pipeline import bubble_fraction
+    from course_lib.parallel.pp_schedule import bubble_fraction
 
     return check(
         f"bubble fraction, p={p} stages, m={m} micro-batches",
@@ -25,8 +25,8 @@ def check_bubble(answer, p: int = 4, m: int = 12) -> Verdict:
 
 def check_allreduce_us(answer, nbytes: float = 16e6, p: int = 8, link: str = "nvlink4") -> Verdict:
     """Exercise 2: a ring all-reduce of ``nbytes`` over ``p`` GPUs on ``link``, in µs (the α–β model)."""
-    from course_lib.parallel.comm import collective_time
-    from course_lib.parallel.comm import link as get_link
+    from course_lib.parallel.interconnects import collective_time
+    from course_lib.parallel.interconnects import link as get_link
 
     lk = get_link(link)
     return check(
@@ -41,7 +41,7 @@ def check_allreduce_us(answer, nbytes: float = 16e6, p: int = 8, link: str = "nv
 
 def check_allreduce_ms(answer, nbytes: int = 4 * 2**20) -> Verdict:
     """Exercise 3 (re-measure): an all-reduce of ``nbytes`` between 2 local gloo processes, in ms."""
-    from course_lib.parallel.comm import measure_collectives
+    from course_lib.parallel.collectives import measure_collectives
 
     def measure() -> float:
         return measure_collectives(2, [nbytes], ["all_reduce"], repeats=5)[0].seconds * 1e3
@@ -51,7 +51,7 @@ def check_allreduce_ms(answer, nbytes: int = 4 * 2**20) -> Verdict:
         answer,
         measure,
         unit="ms",
-        hint=f"comm.measure_collectives(2, [{nbytes}], ['all_reduce'])[0].seconds * 1e3",
+        hint=f"collectives.measure_collectives(2, [{nbytes}], ['all_reduce'])[0].seconds * 1e3",
     )
 
 

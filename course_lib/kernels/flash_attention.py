@@ -10,23 +10,20 @@ scores falls to zero. Prefill attention is then compute-bound (4·Tq·Tk·d FLOP
 O((Tq + Tk)·d) bytes); decode (Tq = 1) stays bandwidth-bound on the KV cache, and one query block per
 head leaves most of a GPU idle there (flash-decoding splits the keys; not done here).
 
-Parts, in order: torch references (``online_softmax_steps``, ``attention_naive``, the byte formulas and
-a peak-memory probe), the Triton kernel, the checked launcher ``flash_attention_fwd``, the torch fallback
-(SDPA). Tests: tests/test_flash_attention.py. GPU timings: benchmarks/flash_attention_gpu.py.
+Parts, in order: the torch reference ``attention_naive``, the Triton kernel, the checked launcher
+``flash_attention_fwd``, the torch fallback (SDPA). The online softmax of one row, spelled out:
+``online_softmax``; FLOPs, memory formulas and a peak-memory probe: ``flash_attention_costs``. Tests:
+tests/test_flash_attention.py. GPU timings: benchmarks/flash_attention_gpu.py.
 Introduced in 05_attention_kv_cache.ipynb.
 """
 
 from __future__ import annotations
 
-import ctypes
-import gc
-import sys
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 
-from course_lib.kernels import HAS_TRITON, interpreter_on  # imports course_lib first (TRITON_INTERPRET)
+from course_lib.kernels import HAS_TRITON, launch  # imports course_lib first (TRITON_INTERPRET)
+from course_lib.kernels.launch import check_block, dot_precision, next_pow2, shape_of
 
 if HAS_TRITON:
     import triton
@@ -34,58 +31,11 @@ if HAS_TRITON:
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEAD_DIMS = (16, 32, 64, 128)  # tl.dot needs a power of two >= 16; 128 fills the registers of one program
-PATHS = ("auto", "triton", "torch")
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x · log2 e): exp2 is the fast hardware instruction
+BF16_INTERPRETED = "bf16 is not supported by the Triton interpreter (its bf16 arithmetic is wrong); use fp16/fp32"
 
 
-# ----------------------------------------------------------------------------- 1. references
-def online_softmax_steps(scores_row: torch.Tensor, block: int, values: torch.Tensor | None = None) -> list[dict]:
-    """The online softmax of one query row, one key block at a time; returns every intermediate state.
-
-    ``scores_row`` (Tk,) are the scaled scores q·kⱼ of one query; ``values`` (Tk, d) its V (None: the
-    identity, so the final output *is* softmax(scores_row)). After block j the state holds
-    ``m`` = max of the scores seen, ``l`` = Σ exp(s − m) over them, ``acc`` = Σ exp(s − m)·v over them and
-    ``alpha`` = exp(m_old − m), the factor that rescaled the old l and acc when the max grew. The last
-    state's ``out`` = acc / l equals softmax(scores_row) · values exactly (up to rounding): that is the whole
-    trick of FlashAttention, done here in plain torch, fp64, for one row. Introduced in 05_attention_kv_cache.ipynb.
-    """
-    if not isinstance(scores_row, torch.Tensor) or scores_row.dim() != 1 or scores_row.numel() == 0:
-        raise ValueError(
-            f"scores_row must be a non-empty 1-D tensor (Tk,), got {tuple(getattr(scores_row, 'shape', ()))}"
-        )
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise ValueError(f"block must be a positive int, got {block!r}")
-    s = scores_row.detach().to(torch.float64)
-    tk = s.shape[0]
-    v = torch.eye(tk, dtype=torch.float64) if values is None else values.detach().to(torch.float64)  # (Tk, d)
-    if v.dim() != 2 or v.shape[0] != tk:
-        raise ValueError(f"values must be (Tk={tk}, d), got {tuple(v.shape)}")
-    m = torch.tensor(float("-inf"), dtype=torch.float64)
-    total = torch.tensor(0.0, dtype=torch.float64)  # l
-    acc = torch.zeros(v.shape[1], dtype=torch.float64)  # (d,)
-    states = []
-    for j, lo in enumerate(range(0, tk, block)):
-        sj, vj = s[lo : lo + block], v[lo : lo + block]  # (n,), (n, d)
-        m_new = torch.maximum(m, sj.max())
-        alpha = torch.exp(m - m_new)  # 0 on the first block (m = −inf)
-        p = torch.exp(sj - m_new)  # (n,) unnormalised probabilities of this block
-        total = total * alpha + p.sum()
-        acc = acc * alpha + p @ vj  # (d,)
-        m = m_new
-        states.append(
-            dict(
-                block=j,
-                keys=(lo, lo + sj.shape[0]),
-                m=float(m),
-                l=float(total),
-                alpha=float(alpha),
-                acc=acc.clone(),
-                out=acc / total,
-            )
-        )
-    return states
-
-
+# ----------------------------------------------------------------------------- 1. reference
 def _visible(tq: int, tk: int, causal: bool, kv_lens: torch.Tensor | None, device) -> torch.Tensor | None:
     """(B or 1, 1, Tq, Tk) bool, True where query i may see key j; None when every key is visible.
 
@@ -123,82 +73,6 @@ def attention_naive(
     if hidden is not None:
         scores.masked_fill_(hidden, float("-inf"))  # in place: no second copy
     return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)  # (B, H, Tq, d); softmax is the second T² matrix
-
-
-def _elem(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def naive_attention_bytes(
-    B: int,
-    H: int,
-    T: int,
-    dtype: torch.dtype = torch.float32,
-    *,
-    head_dim: int = 0,
-    kv_len: int | None = None,
-    causal: bool = False,
-) -> int:
-    """Memory ``attention_naive`` allocates beyond its inputs at its peak: two fp32 (B, H, T, Tk) matrices
-    (scores and probabilities), a (T, Tk) bool mask when causal, and the output (B, H, T, head_dim) in
-    ``dtype``. Grows with T²; for fp16/bf16 inputs add O(T·d) fp32 copies of q, k, v. ``kv_len``: Tk,
-    default T (prefill)."""
-    tk = T if kv_len is None else kv_len
-    return 2 * B * H * T * tk * 4 + (T * tk if causal else 0) + B * H * T * head_dim * _elem(dtype)
-
-
-def flash_attention_bytes(
-    B: int, H: int, T: int, dtype: torch.dtype = torch.float32, *, head_dim: int = 0, kv_len: int | None = None
-) -> int:
-    """Memory the flash kernel allocates beyond its inputs: the output (B, H, T, head_dim) only — linear in T.
-    Its scores live in one fp32 (BLOCK_M, BLOCK_N) tile per program, in registers, never in memory.
-    (``kv_len`` is accepted for symmetry with ``naive_attention_bytes``: the keys cost nothing extra.)"""
-    return B * H * T * head_dim * _elem(dtype)
-
-
-def _proc_status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024  # kB
-    raise RuntimeError(f"{field} not found in /proc/self/status")
-
-
-def _malloc_trim() -> None:
-    """glibc's malloc_trim(0): return free heap memory to the OS (a no-op where there is no glibc)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def measure_peak_bytes(fn: Callable[[], object], device: str | torch.device = "cpu") -> tuple[object, int]:
-    """Run ``fn()`` once; return (its result, the peak memory it added above what was in use before).
-
-    CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` — exact, tensors only.
-    CPU (Linux): the process's peak resident set (VmHWM, reset through /proc/self/clear_refs) minus the
-    resident set before the call (after ``malloc_trim``, so freed heap pages are not silently reused): real
-    memory, so it includes allocator and page-size slack (~MBs) and counts only pages actually written;
-    meaningful when the tensors are tens of MB. Run it in fp32 on the
-    torch paths (``attention_naive`` vs ``flash_attention_fwd(path='torch')``, whose CPU SDPA kernel is itself
-    tiled): the Triton interpreter's NumPy buffers are not what a GPU would allocate."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        out = fn()
-        torch.cuda.synchronize(device)
-        return out, torch.cuda.max_memory_allocated(device) - before
-    if device.type != "cpu" or not sys.platform.startswith("linux"):
-        raise RuntimeError(f"measure_peak_bytes works on CUDA, or on a Linux CPU; got {device} on {sys.platform}")
-    gc.collect()
-    _malloc_trim()  # hand freed heap pages back first, or the call could reuse them without the RSS growing
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
-    before = _proc_status("VmRSS")
-    out = fn()
-    return out, max(0, _proc_status("VmHWM") - before)
 
 
 # ----------------------------------------------------------------------------- 2. Triton kernel
@@ -335,21 +209,17 @@ if HAS_TRITON:
 
 
 # ----------------------------------------------------------------------------- 3. launcher
-def _shape(t) -> tuple:
-    return tuple(getattr(t, "shape", ()))
-
-
 def _check(q, k, v, causal, kv_lens, check_head_dim: bool = True) -> None:
     """Every check, before any allocation: types, ranks, dtypes, devices, GQA, head_dim, lengths."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor (B, heads, T, head_dim), got {type(t).__name__}")
         if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (B, heads, T, head_dim), got shape {_shape(t)}")
+            raise ValueError(f"{name} must be 4-D (B, heads, T, head_dim), got shape {shape_of(t)}")
         if t.dtype not in DTYPES:
             raise ValueError(f"{name}.dtype must be one of {[str(d) for d in DTYPES]}, got {t.dtype}")
         if 0 in t.shape:
-            raise ValueError(f"{name} must not be empty, got shape {_shape(t)}")
+            raise ValueError(f"{name} must not be empty, got shape {shape_of(t)}")
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {causal!r}")
     if not (q.dtype == k.dtype == v.dtype):
@@ -357,10 +227,10 @@ def _check(q, k, v, causal, kv_lens, check_head_dim: bool = True) -> None:
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape (B, Hkv, Tk, d), got {_shape(k)} and {_shape(v)}")
+        raise ValueError(f"k and v must have the same shape (B, Hkv, Tk, d), got {shape_of(k)} and {shape_of(v)}")
     b, h, tq, d = q.shape
     if k.shape[0] != b or k.shape[3] != d:
-        raise ValueError(f"k/v must be (B={b}, Hkv, Tk, head_dim={d}) to match q {_shape(q)}, got {_shape(k)}")
+        raise ValueError(f"k/v must be (B={b}, Hkv, Tk, head_dim={d}) to match q {shape_of(q)}, got {shape_of(k)}")
     if h % k.shape[1]:
         raise ValueError(f"query heads H={h} must be a multiple of KV heads Hkv={k.shape[1]} (GQA)")
     if check_head_dim and d not in HEAD_DIMS:
@@ -378,7 +248,7 @@ def _check(q, k, v, causal, kv_lens, check_head_dim: bool = True) -> None:
         ):
             raise ValueError(
                 f"kv_lens must be an int32/int64 tensor of shape (B={b},), got "
-                f"{getattr(kv_lens, 'dtype', type(kv_lens).__name__)} {_shape(kv_lens)}"
+                f"{getattr(kv_lens, 'dtype', type(kv_lens).__name__)} {shape_of(kv_lens)}"
             )
         if kv_lens.device != q.device:
             raise ValueError(f"kv_lens must be on q's device {q.device}, got {kv_lens.device}")
@@ -390,42 +260,10 @@ def _check(q, k, v, causal, kv_lens, check_head_dim: bool = True) -> None:
             )
 
 
-def _check_block(name: str, value) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value > 256 or value & (value - 1):
-        raise ValueError(f"{name} must be None or a power of two between 16 and 256, got {value!r}")
-    return value
-
-
 def resolve_path(path: str, device: torch.device, dtype: torch.dtype) -> str:
     """'auto' → Triton on a CUDA tensor, or on a CPU tensor when the interpreter is on (not for bf16, whose
     arithmetic the interpreter gets wrong: auto takes torch there); torch otherwise."""
-    if path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    if path == "torch":
-        return "torch"
-    interpreted = device.type == "cpu" and interpreter_on()
-    if path == "auto":
-        runnable = device.type == "cuda" or (interpreted and dtype != torch.bfloat16)
-        return "triton" if HAS_TRITON and runnable else "torch"
-    if not HAS_TRITON:
-        raise RuntimeError("path='triton' but Triton is not installed; use path='torch'")
-    if device.type == "cpu" and not interpreter_on():
-        raise RuntimeError(
-            "path='triton' on a CPU tensor needs TRITON_INTERPRET=1 set before Triton is imported (import course_lib first)"
-        )
-    if device.type not in ("cpu", "cuda"):
-        raise RuntimeError(f"path='triton' needs a CUDA (or, interpreted, CPU) tensor, got device {device}")
-    if interpreted and dtype == torch.bfloat16:
-        raise ValueError(
-            "bf16 is not supported by the Triton interpreter (its bf16 arithmetic is wrong); use fp16/fp32"
-        )
-    return "triton"
-
-
-def _next_pow2(v: int) -> int:
-    return 1 << max(0, v - 1).bit_length()
+    return launch.resolve_path(path, device, interpreter_problem=BF16_INTERPRETED if dtype == torch.bfloat16 else None)
 
 
 def _smem_limit(device: torch.device) -> int:
@@ -450,10 +288,10 @@ def _plan(tq: int, d: int, dtype: torch.dtype, device: torch.device, block_m, bl
     gpu = device.type == "cuda"
     bm, bn = ((64, 32) if dtype == torch.float32 else (128, 64)) if gpu else (64, 64)
     fixed_m, fixed_n = block_m is not None, block_n is not None
-    block_m = block_m if fixed_m else max(16, min(bm, _next_pow2(tq)))
+    block_m = block_m if fixed_m else max(16, min(bm, next_pow2(tq)))
     block_n = block_n if fixed_n else bn
     num_stages = 2 if dtype == torch.float32 else 3
-    elem, limit = _elem(dtype), _smem_limit(device)
+    elem, limit = dtype.itemsize, _smem_limit(device)
     while smem_bytes(block_m, block_n, d, elem, num_stages) > limit:
         if num_stages > 1:
             num_stages -= 1
@@ -489,8 +327,8 @@ def flash_attention_fwd(
     takes torch on 'auto' and raises on 'triton'. ``block_m``/``block_n`` (16..256) override the tiles.
     Checks run first, before any allocation."""
     _check(q, k, v, causal, kv_lens)
-    block_m = _check_block("block_m", block_m)
-    block_n = _check_block("block_n", block_n)
+    block_m = check_block("block_m", block_m, 16, 256)
+    block_n = check_block("block_n", block_n, 16, 256)
     if sm_scale is not None and (isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or sm_scale <= 0):
         raise ValueError(f"sm_scale must be None or a positive number, got {sm_scale!r}")
     scale = q.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale)
@@ -507,7 +345,7 @@ def flash_attention_fwd(
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         h, h // hkv, tq, tk, scale * LOG2E,
         HEAD_DIM=d, CAUSAL=causal, HAS_LENS=kv_lens is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION=dot_precision(q.dtype),
         **plan,
     )  # fmt: skip
     return o
@@ -540,25 +378,12 @@ def flash_attention_torch(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
 
 
-def attention_flops(B: int, H: int, tq: int, tk: int, head_dim: int, causal: bool = True) -> float:
-    """4·B·H·Tq·Tk·d (q kᵀ and p v, 2 FLOPs per multiply-add), halved-ish when causal: the visible pairs
-    of an end-aligned mask are Tq·Tk − Tq·(Tq − 1)/2."""
-    pairs = tq * tk - (tq * (tq - 1) / 2 if causal else 0)
-    return 4.0 * B * H * pairs * head_dim
-
-
 __all__ = [
     "DTYPES",
     "HEAD_DIMS",
-    "PATHS",
-    "attention_flops",
     "attention_naive",
-    "flash_attention_bytes",
     "flash_attention_fwd",
     "flash_attention_torch",
-    "measure_peak_bytes",
-    "naive_attention_bytes",
-    "online_softmax_steps",
     "resolve_path",
     "smem_bytes",
 ]

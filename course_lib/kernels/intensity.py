@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from course_lib.core.dtypes import canonical
-from course_lib.kernels import HAS_TRITON, interpreter_on  # imports course_lib first (TRITON_INTERPRET)
+from course_lib.kernels import HAS_TRITON, launch  # imports course_lib first (TRITON_INTERPRET)
 from course_lib.measure.costs import check_positive_int, fma_chain_cost
 
 if HAS_TRITON:
@@ -22,7 +22,6 @@ if HAS_TRITON:
     import triton.language as tl
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-PATHS = ("auto", "triton", "torch")
 
 
 # ----------------------------------------------------------------------------- 1. reference
@@ -80,20 +79,9 @@ def _check_input(x, k) -> None:
 
 
 def resolve_path(path: str, device: torch.device) -> str:
-    """'auto' -> Triton on a CUDA tensor (when Triton is installed), torch otherwise."""
-    if path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    if path == "auto":
-        return "triton" if HAS_TRITON and device.type == "cuda" else "torch"
-    if path == "triton":
-        if not HAS_TRITON:
-            raise RuntimeError("path='triton' but Triton is not installed; use path='torch'")
-        if device.type != "cuda" and not interpreter_on():
-            raise RuntimeError(
-                "path='triton' on a CPU tensor needs TRITON_INTERPRET=1 set before Triton is "
-                "imported (import course_lib first)"
-            )
-    return path
+    """'auto' -> Triton on a CUDA tensor (when Triton is installed), torch otherwise: on a CPU the cache-blocked
+    torch loop is what is timed, not the interpreter; 'triton' on a CPU runs it through the interpreter."""
+    return launch.resolve_path(path, device, auto_interprets=False)
 
 
 def _check_out(out, x) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from course_lib.kernels import HAS_TRITON  # imports course_lib first (TRITON_INTERPRET)
-from course_lib.kernels.quant_matmul import resolve_path
+from course_lib.kernels.launch import dot_precision, next_pow2, require_tensor, resolve_path, shape_of
 
 if HAS_TRITON:
     import triton
@@ -31,7 +31,6 @@ if HAS_TRITON:
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEAD_DIMS = (16, 32, 64, 128, 256)  # powers of two: one tl.arange spans the head
 MAX_BLOCK_SIZE = 256
-PATHS = ("auto", "triton", "torch")
 
 
 # ----------------------------------------------------------------------------- 1. reference
@@ -144,24 +143,14 @@ if HAS_TRITON:
 
 
 # ----------------------------------------------------------------------------- 3. launcher
-def _shape(t) -> tuple:
-    return tuple(getattr(t, "shape", ()))
-
-
-def _tensor(name: str, t, form: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor {form}, got {type(t).__name__}")
-    return t
-
-
 def _check(
     q, k_cache, v_cache, block_tables, context_lens, check_values: bool = True
 ) -> tuple[int, int, int, int, int]:
     """Shapes, dtypes, strides, devices and values; returns (B, H, Hkv, d, block_size)."""
-    _tensor("q", q, "(B, H, head_dim)")
+    require_tensor("q", q, "(B, H, head_dim)")
     if q.dim() != 3 or q.dtype not in DTYPES:
         raise ValueError(
-            f"q must be a 3-D (B, H, head_dim) tensor of {[str(t) for t in DTYPES]}, got {q.dtype} {_shape(q)}"
+            f"q must be a 3-D (B, H, head_dim) tensor of {[str(t) for t in DTYPES]}, got {q.dtype} {shape_of(q)}"
         )
     B, H, d = q.shape
     if B == 0:
@@ -169,9 +158,11 @@ def _check(
     if d not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {d}")
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-        _tensor(name, c, "(num_blocks, block_size, kv_heads, head_dim)")
+        require_tensor(name, c, "(num_blocks, block_size, kv_heads, head_dim)")
         if c.dim() != 4 or c.shape[3] != d:
-            raise ValueError(f"{name} must be (num_blocks, block_size, kv_heads, head_dim={d}), got shape {_shape(c)}")
+            raise ValueError(
+                f"{name} must be (num_blocks, block_size, kv_heads, head_dim={d}), got shape {shape_of(c)}"
+            )
         if c.dtype != q.dtype:
             raise ValueError(f"{name}.dtype must be q's dtype {q.dtype}, got {c.dtype}")
         if c.device != q.device:
@@ -180,8 +171,8 @@ def _check(
             raise ValueError(f"{name} must have a contiguous last dimension, got strides {c.stride()}")
     if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
         raise ValueError(
-            f"k_cache and v_cache must have the same shape and strides, got {_shape(k_cache)} {k_cache.stride()} "
-            f"and {_shape(v_cache)} {v_cache.stride()}"
+            f"k_cache and v_cache must have the same shape and strides, got {shape_of(k_cache)} {k_cache.stride()} "
+            f"and {shape_of(v_cache)} {v_cache.stride()}"
         )
     num_blocks, bs, Hkv = k_cache.shape[:3]
     if bs & (bs - 1) or bs > MAX_BLOCK_SIZE:
@@ -190,15 +181,15 @@ def _check(
         raise ValueError(f"query heads H={H} must be a multiple of the KV heads Hkv={Hkv} (GQA)")
     if q.stride(2) != 1:
         raise ValueError(f"q must have a contiguous last dimension, got strides {q.stride()}")
-    _tensor("block_tables", block_tables, "int32 (B, max_blocks)")
+    require_tensor("block_tables", block_tables, "int32 (B, max_blocks)")
     if block_tables.dim() != 2 or block_tables.shape[0] != B or block_tables.dtype not in (torch.int32, torch.int64):
         raise ValueError(
-            f"block_tables must be an int32 (B={B}, max_blocks) tensor, got {block_tables.dtype} {_shape(block_tables)}"
+            f"block_tables must be an int32 (B={B}, max_blocks) tensor, got {block_tables.dtype} {shape_of(block_tables)}"
         )
-    _tensor("context_lens", context_lens, "int32 (B,)")
+    require_tensor("context_lens", context_lens, "int32 (B,)")
     if context_lens.shape != (B,) or context_lens.dtype not in (torch.int32, torch.int64):
         raise ValueError(
-            f"context_lens must be an int32 (B={B},) tensor, got {context_lens.dtype} {_shape(context_lens)}"
+            f"context_lens must be an int32 (B={B},) tensor, got {context_lens.dtype} {shape_of(context_lens)}"
         )
     for name, t in (("block_tables", block_tables), ("context_lens", context_lens)):
         if t.device != q.device:
@@ -216,10 +207,6 @@ def _check(
     if int(used.min()) < 0 or int(used.max()) >= num_blocks:
         raise ValueError(f"block_tables must name blocks in [0, {num_blocks}) within each context length")
     return B, H, Hkv, d, bs
-
-
-def _next_pow2(v: int) -> int:
-    return 1 << (v - 1).bit_length()
 
 
 def paged_decode(
@@ -245,7 +232,7 @@ def paged_decode(
         return paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale)
     group = H // Hkv
     use_dot = bs >= 16  # tl.dot needs every tile side >= 16 (the interpreter runs it too, so tests cover it)
-    group_pad = max(16, _next_pow2(group)) if use_dot else _next_pow2(group)
+    group_pad = max(16, next_pow2(group)) if use_dot else next_pow2(group)
     out = torch.empty((B, H, d), dtype=q.dtype, device=q.device)
     tables = block_tables.to(torch.int32).contiguous()
     _paged_decode_kernel[(B, Hkv)](
@@ -267,23 +254,13 @@ def paged_decode(
         BLOCK_SIZE=bs,
         HEAD_DIM=d,
         USE_DOT=use_dot,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION=dot_precision(q.dtype),
         num_warps=4,
     )
     return out
 
 
 # ----------------------------------------------------------------------------- 4. torch fallback
-def paged_decode_torch(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """The torch path: the reference (a gather per sequence, then plain attention)."""
-    return paged_decode_ref(q, k_cache, v_cache, block_tables, context_lens, scale)
+paged_decode_torch = paged_decode_ref  # the torch path is the reference: a gather per sequence, then plain attention
 
-
-__all__ = ["DTYPES", "HEAD_DIMS", "PATHS", "paged_decode", "paged_decode_ref", "paged_decode_torch"]
+__all__ = ["DTYPES", "HEAD_DIMS", "MAX_BLOCK_SIZE", "paged_decode", "paged_decode_ref", "paged_decode_torch"]

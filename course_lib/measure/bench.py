@@ -17,7 +17,10 @@ from typing import Callable
 
 import torch
 
+from course_lib.core.dtypes import canonical
 from course_lib.core.mode import pick
+from course_lib.measure.hardware.device import detect_device, spec_for_device
+from course_lib.measure.hardware.peaks_cache import cached_peaks
 
 
 def _quantile(sorted_samples: list[float], q: float) -> float:
@@ -161,10 +164,8 @@ def _device_kind(device) -> str:
 
 def _peaks_for(kind: str, dtype: str | None, peaks) -> tuple[float | None, float | None, float | None, float | None]:
     """(measured FLOP/s, measured B/s, datasheet FLOP/s, datasheet B/s) where known; never measures."""
-    from course_lib.measure import hardware
-
     mf = mb = df = db = None
-    measured = hardware.cached_peaks(kind) if peaks is None else (peaks or None)
+    measured = cached_peaks(kind) if peaks is None else (peaks or None)
     if measured is not None:
         mb = measured.bandwidth
         try:
@@ -172,7 +173,7 @@ def _peaks_for(kind: str, dtype: str | None, peaks) -> tuple[float | None, float
         except ValueError:
             mf = None
     if peaks is not False and kind == "cuda":
-        spec = hardware.spec_for_device(hardware.detect_device("cuda"), quiet=True)
+        spec = spec_for_device(detect_device("cuda"), quiet=True)
         if spec is not None:
             db = spec.bandwidth
             try:
@@ -212,8 +213,6 @@ def benchmark(
     flops = _check_amount("flops", flops)
     bytes = _check_amount("bytes", bytes)
     if dtype is not None:
-        from course_lib.core.dtypes import canonical
-
         dtype = canonical(dtype)
     kind = _device_kind(device)
 

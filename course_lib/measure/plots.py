@@ -1,9 +1,10 @@
 """Small log-log figures: rooflines with measured points, and measured-vs-theory curves.
 
 Figures are kept small (``FIGSIZE``, ``DPI``) so executed notebooks stay well under a megabyte.
-The explorer draws on figures of its own, never through pyplot: JupyterLab runs widget callbacks on a
-kernel subshell thread, and pyplot's global "current figure" shared between threads drew blank plots.
-Introduced in 00_setup_and_hardware.ipynb; the explorer in 01_bottlenecks.ipynb.
+``as_outputs`` turns a figure and its text into notebook outputs for an ipywidgets ``Output``: every
+explorer of the course (``bottlenecks.explorer``, ``kv.explorer``, ...) draws on a ``Figure`` of
+its own and shows it this way, never through pyplot's thread-shared "current figure".
+Introduced in 00_setup_and_hardware.ipynb.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ from typing import Iterable, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from course_lib.measure.roofline import PhaseReport, Point, Roof
+from course_lib.measure.roofline import Point, Roof
 
 FIGSIZE = (7, 4)
 DPI = 80
@@ -138,62 +138,6 @@ def plot_measured_vs_theory(
     return fig, ax
 
 
-def plot_phases(report: PhaseReport, *, ax=None):
-    """One GPU's datasheet roof with the predicted decode and prefill points of ``report``."""
-    points = [
-        Point(f"decode b={report.batch}", report.decode.flops, report.decode.bytes),
-        Point(f"prefill b={report.batch}x{report.prompt_len}", report.prefill.flops, report.prefill.bytes),
-    ]
-    return plot_roofline(
-        [report.roof], points, ax=ax, intensity_range=(0.1, 1e5), title=f"{report.model} {report.dtype} on {report.gpu}"
-    )
-
-
-EXPLORER_DTYPES = ("bf16", "fp16", "fp8", "fp32")
-
-
-def _compute_dtype(spec, dtype: str) -> tuple[str, str]:
-    """(dtype whose roof to draw, note): ``dtype`` if the chip has it, else its best of bf16/fp16/fp32."""
-    for candidate in (dtype, "bf16", "fp16", "fp32"):
-        try:
-            spec.peak_flops(candidate)
-        except ValueError:
-            continue
-        if candidate == dtype:
-            return dtype, ""
-        return candidate, (
-            f"note: {spec.name} has no {dtype} support (datasheet): drawn against its {candidate} roof, "
-            f"with weights and KV cache counted in {dtype}"
-        )
-    raise ValueError(f"{spec.name} supports none of bf16, fp16, fp32")
-
-
-def draw_phases(gpu: str, model: str, batch: int, dtype: str, context_len: int) -> tuple[Figure, str]:
-    """The explorer's picture and text for one choice: a ``Figure`` of its own (no pyplot state, safe
-    from any thread) and the ``PhaseReport`` text. A dtype the GPU lacks adds a note and falls back to
-    the chip's own compute roof instead of failing."""
-    from course_lib.measure.hardware import gpu_spec
-    from course_lib.measure.roofline import llm_phases
-
-    compute, note = _compute_dtype(gpu_spec(gpu), dtype)
-    report = llm_phases(
-        gpu, model, batch=batch, dtype=dtype, prompt_len=context_len, context_len=context_len, compute_dtype=compute
-    )
-    fig = Figure(figsize=FIGSIZE, dpi=DPI)
-    FigureCanvasAgg(fig)  # renders without pyplot
-    plot_phases(report, ax=fig.add_subplot())
-    return fig, "\n".join(filter(None, (note, str(report))))
-
-
-def explorer_outputs(gpu: str, model: str, batch: int, dtype: str, context_len: int) -> tuple[dict, ...]:
-    """The explorer's output area for one choice, as notebook outputs (a text stream and a PNG)."""
-    try:
-        fig, text = draw_phases(gpu, model, batch, dtype, context_len)
-    except ValueError as exc:
-        return ({"output_type": "stream", "name": "stdout", "text": f"cannot place this combination: {exc}\n"},)
-    return as_outputs(fig, text)
-
-
 def as_outputs(fig: Figure, text: str) -> tuple[dict, ...]:
     """A figure and its text as notebook outputs (a stdout stream and a PNG), ready for
     ``ipywidgets.Output.outputs``: every explorer of the course shows its result this way."""
@@ -204,31 +148,3 @@ def as_outputs(fig: Figure, text: str) -> tuple[dict, ...]:
         {"output_type": "stream", "name": "stdout", "text": text + "\n"},
         {"output_type": "display_data", "data": {"image/png": png, "text/plain": repr(fig)}, "metadata": {}},
     )
-
-
-def phase_explorer(default_gpu: str = "H100 SXM", default_model: str = "llama-2-7b"):
-    """An ipywidgets explorer: pick GPU, model, batch, dtype and context; see decode and prefill on the
-    roof and whether they fit in memory. ``draw_phases`` computes (tested); this wires widgets to it.
-    Each change replaces the ``Output`` widget's outputs in one assignment: unlike pyplot's current
-    figure or ``with output:`` capture, that does not depend on which thread or message runs the callback."""
-    import ipywidgets as widgets
-
-    from course_lib.measure.hardware import gpu_names
-    from course_lib.models.accounting import PRESETS
-
-    controls = {
-        "gpu": widgets.Dropdown(options=list(gpu_names()), value=default_gpu, description="GPU"),
-        "model": widgets.Dropdown(options=sorted(PRESETS), value=default_model, description="model"),
-        "batch": widgets.SelectionSlider(options=[2**i for i in range(11)], value=1, description="batch"),
-        "dtype": widgets.Dropdown(options=list(EXPLORER_DTYPES), value="bf16", description="dtype"),
-        "context_len": widgets.SelectionSlider(options=[2**i for i in range(7, 16)], value=512, description="context"),
-    }
-    out = widgets.Output()
-
-    def refresh(_change=None) -> None:
-        out.outputs = explorer_outputs(**{name: w.value for name, w in controls.items()})
-
-    for w in controls.values():
-        w.observe(refresh, names="value")
-    refresh()
-    return widgets.VBox([*controls.values(), out])

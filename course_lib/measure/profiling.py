@@ -1,6 +1,6 @@
 """Chapter 02's profiling helpers: where a decode step's time goes, and how busy the hardware looked.
 
-A decode step is bandwidth-bound (``course_lib.measure.roofline.decode_time``) — and, for a model as small
+A decode step is bandwidth-bound (``course_lib.bottlenecks.time_floors.decode_time``) — and, for a model as small
 as ours, sits on a floor the roofline does not see: every one of the few hundred torch ops in a step
 pays a fixed dispatch cost (``count_ops``, ``per_op_overhead_s``). ``time_matmuls`` times the step's
 matmuls alone (with ``course_lib.measure.bench.benchmark``), and ``cpu_busy`` / ``gpu_utilization_reader`` /

@@ -27,7 +27,7 @@ class Record:
 
 def machine_name() -> str:
     """One line naming the machine a number was measured on (GPU name, else CPU model and threads used)."""
-    from course_lib.measure.hardware import detect_device
+    from course_lib.measure.hardware.device import detect_device
 
     info = detect_device()
     if info.kind == "cuda":

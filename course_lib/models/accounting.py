@@ -101,6 +101,11 @@ PRESETS: dict[str, ModelShape] = {
 }
 
 
+def as_shape(model) -> ModelShape:
+    """``model`` itself if it is a ``ModelShape``, else the preset it names (``ModelShape.from_name``)."""
+    return model if isinstance(model, ModelShape) else ModelShape.from_name(model)
+
+
 def layer_params(shape: ModelShape) -> int:
     """Weights of one decoder layer: q,k,v,o projections + SwiGLU MLP + two RMSNorm vectors."""
     attn = shape.hidden_size * shape.head_dim * (2 * shape.num_heads + 2 * shape.num_kv_heads)
@@ -201,3 +206,13 @@ def prefill_intensity(
 ) -> float:
     """Arithmetic intensity of a prefill: weights read once, reused by every token (grows with n)."""
     return prefill_flops(shape, n_tokens, batch) / prefill_step_bytes(shape, n_tokens, batch, dtype, kv_dtype)
+
+
+def prefill_cost(shape: ModelShape, n_tokens: int, batch: int = 1, dtype: str = "bf16") -> tuple[float, float]:
+    """(FLOPs, minimum bytes) of a prefill of ``batch`` × ``n_tokens``: a point for the roofline."""
+    return prefill_flops(shape, n_tokens, batch), prefill_step_bytes(shape, n_tokens, batch, dtype)
+
+
+def decode_cost(shape: ModelShape, context_len: int, batch: int = 1, dtype: str = "bf16") -> tuple[float, float]:
+    """(FLOPs, minimum bytes) of one decode step of ``batch`` sequences at ``context_len``."""
+    return decode_flops(shape, context_len, batch), decode_step_bytes(shape, context_len, batch, dtype)

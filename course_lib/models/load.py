@@ -120,7 +120,7 @@ def random_model(spec_name: str = "bench-80m", device: str | torch.device = "cpu
     from transformers import LlamaForCausalLM
 
     from course_lib.models.family import SPECS
-    from course_lib.models.train import load_tokenizer
+    from course_lib.models.tokenizer import load_tokenizer
 
     if spec_name not in SPECS:
         raise ValueError(f"unknown model spec {spec_name!r}; valid: {sorted(SPECS)}")

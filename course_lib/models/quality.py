@@ -3,15 +3,15 @@
     python -m course_lib.models.quality            # measures the embedded models, writes data/models/quality.json
                                                    # and regenerates data/models/README.md
 
-The draft's greedy top-1 agreement with the target on held-out text is the α of chapter 04: the
-probability that the target accepts a drafted token, which fixes speculative decoding's speedup.
+The metrics are ``models.evaluation``'s; this command runs them on every embedded model, adds greedy
+samples and HF ``generate`` speed, and writes the model card. The draft's greedy top-1 agreement with
+the target is the α of chapter 04, which fixes speculative decoding's speedup.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import sys
 import time
@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from course_lib.models.evaluation import evaluate, top1_agreement
 
 #: tokens of the validation split the tests re-measure (the full split takes too long for CI)
 CHECK_TOKENS = 16_384
@@ -31,43 +33,6 @@ PROMPTS = (
     "class Point:\n    def __init__(self, x, y):\n        self.x = x",
     "    def close(self):\n        if self.",
 )
-
-
-def _windows(data: np.ndarray, seq_len: int, max_tokens: int) -> list[np.ndarray]:
-    if len(data) < seq_len + 1:
-        raise ValueError(f"split has {len(data)} tokens, fewer than seq_len+1={seq_len + 1}")
-    n = max(1, min(max_tokens, len(data) - 1) // seq_len)
-    return [data[i * seq_len : i * seq_len + seq_len + 1].astype(np.int64) for i in range(n)]
-
-
-@torch.no_grad()
-def evaluate(model, data: np.ndarray, seq_len: int = 256, max_tokens: int = 65_536, batch: int = 8) -> dict[str, float]:
-    """Mean next-token loss, perplexity and top-1 accuracy over consecutive windows of ``data``."""
-    was_training = model.training
-    model.eval()
-    windows = _windows(data, seq_len, max_tokens)
-    total_loss, correct, total = 0.0, 0, 0
-    for first in range(0, len(windows), batch):
-        x = torch.from_numpy(np.stack(windows[first : first + batch]))  # (B, T+1)
-        logits = model(input_ids=x[:, :-1]).logits.float()  # (B, T, V)
-        target = x[:, 1:]
-        total_loss += torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum").item()
-        correct += (logits.argmax(-1) == target).sum().item()
-        total += target.numel()
-    model.train(was_training)
-    mean = total_loss / total
-    return {"loss": mean, "perplexity": math.exp(mean), "top1": correct / total, "tokens": total}
-
-
-@torch.no_grad()
-def top1_agreement(target, draft, data: np.ndarray, seq_len: int = 256, max_tokens: int = 65_536) -> float:
-    """Fraction of positions where draft and target pick the same greedy next token (chapter 04's α)."""
-    agree, total = 0, 0
-    for w in _windows(data, seq_len, max_tokens):
-        x = torch.from_numpy(w[None, :-1])
-        agree += (target(input_ids=x).logits.argmax(-1) == draft(input_ids=x).logits.argmax(-1)).sum().item()
-        total += x.numel()
-    return agree / total
 
 
 @torch.no_grad()
@@ -95,7 +60,7 @@ def generate_speed(model, tokenizer, new_tokens: int = 64, repeats: int = 3) -> 
 
 def measure(max_tokens: int = 1_000_000) -> dict:
     from course_lib.models.load import EMBEDDED, load_model
-    from course_lib.models.train import token_ids
+    from course_lib.models.tokenizer import token_ids
 
     models = {name: load_model(name) for name in EMBEDDED}
     tokenizer = models["tiny-target"][1]

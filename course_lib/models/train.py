@@ -1,4 +1,4 @@
-"""Train the course's embedded models: ``python -m course_lib.models.train {tokenizer,train,evaluate}``.
+"""Train the course's embedded models: ``python -m course_lib.models.train {tokenizer,train}``.
 
     python -m course_lib.models.train tokenizer --out data/models/tokenizer
     python -m course_lib.models.train train --model tiny-target --steps 1500 --out data/models/tiny-target
@@ -13,7 +13,6 @@ same weights. The model is a ``transformers`` LlamaForCausalLM; we save it with
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import shlex
@@ -24,53 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from course_lib.models.corpus import cache_dir, corpus_text
+from course_lib.models.evaluation import evaluate
 from course_lib.models.family import SPECS
-from course_lib.models.quality import evaluate
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-def load_tokenizer(path: str | Path):
-    from transformers import AutoTokenizer
-
-    path = Path(path)
-    missing = [f for f in TOKENIZER_FILES if not (path / f).is_file()]
-    if missing:
-        raise FileNotFoundError(f"tokenizer folder {path} is missing {missing}")
-    return AutoTokenizer.from_pretrained(str(path))
-
-
-def build_tokenizer(out: Path, vocab_size: int = 4096):
-    from course_lib.models.tokenizer import train_tokenizer
-
-    text = corpus_text("train")
-    chunks = text.split("\n<|endoftext|>\n")
-    tok = train_tokenizer(chunks, vocab_size=vocab_size)
-    out.mkdir(parents=True, exist_ok=True)
-    tok.save_pretrained(str(out))
-    return tok
-
-
-def token_ids(tokenizer, split: str) -> np.ndarray:
-    """The whole split as one uint16 array of token ids (files joined by EOS), cached on disk."""
-    tok_hash = hashlib.sha1(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:10]
-    path = cache_dir() / f"tokens-{sys.version_info.major}{sys.version_info.minor}-{tok_hash}-{split}.npy"
-    if path.exists():
-        return np.load(path)
-    text = corpus_text(split)
-    files = text.split("\n<|endoftext|>\n")
-    ids: list[int] = []
-    eos = tokenizer.eos_token_id
-    for piece, enc in zip(files, tokenizer(files, add_special_tokens=False)["input_ids"]):
-        ids.extend(enc)
-        ids.append(eos)
-    if len(tokenizer) > 65535:
-        raise ValueError("vocabulary too large for uint16 token cache")
-    arr = np.asarray(ids, dtype=np.uint16)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(path, arr)
-    return arr
+from course_lib.models.tokenizer import build_tokenizer, load_tokenizer, token_ids
 
 
 def get_batch(data: np.ndarray, batch: int, seq_len: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,13 +156,8 @@ def train(
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup) * rewarm
         x, y = get_batch(train_ids, batch, seq_len, gen)
-        logits = model(input_ids=x).logits  # (B, T, V)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        value = optimizer_step(opt, lm_loss(model, x, y), model.parameters())
+        ema = value if ema is None else 0.98 * ema + 0.02 * value
         bar.set_postfix(loss=f"{ema:.3f}")
         if (step + 1) % eval_every == 0 and step + 1 < steps and step + 1 > start_step:
             metrics = save(step + 1, final=False)
@@ -218,6 +168,31 @@ def train(
     final["train_loss_ema"] = ema
     final["wall_s"] = time.perf_counter() - start
     return final
+
+
+def lm_loss(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy of a causal LM on one batch: inputs ``x`` and targets ``y``, both (B, T)."""
+    logits = model(input_ids=x).logits  # (B, T, V)
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+
+def optimizer_step(opt, loss: torch.Tensor, params, clip: float = 1.0, before_clip=None) -> float:
+    """One update of every training loop in the course: zero the gradients, backpropagate ``loss``, run
+    ``before_clip()`` if given (pruning masks the gradients there), clip the gradient norm of ``params`` to
+    ``clip``, step. Returns the loss as a float."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if before_clip is not None:
+        before_clip()
+    torch.nn.utils.clip_grad_norm_(params, clip)
+    opt.step()
+    return loss.item()
+
+
+def command_line(module: str, argv: list[str] | None = None) -> str:
+    """The command that ran, as a training log records it: ``python -m module`` and the shell-quoted arguments
+    (``argv``, or this process's own when None)."""
+    return f"python -m {module} " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     p_train.add_argument("--start-step", type=int, default=0, help="with --init-from: the step it stopped at")
     p_train.add_argument("--smoke", action="store_true", help="tiny model, 5 steps: checks the pipeline in seconds")
     args = parser.parse_args(argv)
-    command = "python -m course_lib.models.train " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    command = command_line("course_lib.models.train", argv)
     if args.cmd == "tokenizer":
         tok = build_tokenizer(args.out, args.vocab_size)
         print(f"tokenizer with {len(tok)} tokens saved to {args.out}")

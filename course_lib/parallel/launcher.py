@@ -14,7 +14,7 @@ are terminated (then killed), the process group's temporary folder is removed, a
 
 From a notebook: spawn starts new interpreters that *import* ``fn`` by its module and name, and a
 notebook's cells are not a module they can import. So the workers' functions live in ``course_lib``
-(this module's ``rank_info`` and ``all_reduce_sum``, ``course_lib.parallel.comm``'s measurement worker),
+(this module's ``rank_info`` and ``all_reduce_sum``, ``course_lib.parallel.collectives``' measurement worker),
 and the notebook passes them to ``launch``. A script that calls ``launch`` must do so under
 ``if __name__ == "__main__":`` (each worker re-imports the script's main module). Introduced in 07_parallelism.ipynb.
 """
@@ -146,7 +146,7 @@ def _check_int(name: str, value, minimum: int = 1) -> int:
 
 def threads_for(world_size: int, cores: int | None = None) -> int:
     """Each worker's share of the physical cores: cores // world_size, at least 1."""
-    from course_lib.measure.hardware import physical_cores
+    from course_lib.measure.hardware.cpu_probe import physical_cores
 
     return max(1, (cores or physical_cores()) // world_size)
 
@@ -228,7 +228,7 @@ def launch(
     ``fn`` must be a top-level function of an importable module (not a notebook cell, not a lambda)."""
     import torch.multiprocessing as mp
 
-    from course_lib.measure.hardware import physical_cores
+    from course_lib.measure.hardware.cpu_probe import physical_cores
 
     world_size = _check_int("world_size", world_size)
     if not (isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool) and timeout_s > 0):

@@ -4,7 +4,7 @@ The metrics themselves (TTFT, TPOT, percentiles, goodput, MFU, MBU) come from ``
 applied to the ``RequestTrace``s returned here; this module decides *what* to run (prompt lengths,
 batch sizes, the workloads of ``course_lib.serving.workload``, online vs batch serving) and fits
 latency ≈ a + b·input + c·output to what it measured. What it *should* cost is
-``course_lib.measure.roofline.prefill_time`` / ``decode_time``. Introduced in 02_metrics_1_latency.ipynb.
+``course_lib.bottlenecks.time_floors.prefill_time`` / ``decode_time``. Introduced in 02_metrics_1_latency.ipynb.
 """
 
 from __future__ import annotations

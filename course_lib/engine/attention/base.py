@@ -1,7 +1,8 @@
-"""What every attention backend implements, and the helpers they share (padding a ragged step, SDPA)."""
+"""What every attention backend implements, and the helpers they share (masks, padding a ragged step, SDPA)."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +101,32 @@ class AttentionBackend:
         raise NotImplementedError
 
 
+class StoredKV:
+    """What the backends that keep K/V tensors share: per layer a K and a V tensor of shape
+    (capacity, *row_shape), grown on demand, and the bytes one cached token costs. The class using it sets
+    ``num_layers``, ``num_kv_heads``, ``head_dim``, ``dtype``, ``device``, ``k``, ``v`` and ``_capacity``."""
+
+    @property
+    def bytes_per_token(self) -> int:
+        """2 (K and V) · layers · kv_heads · head_dim · bytes per element."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+    def _grow(self, rows: int, limit: int, row_shape: tuple) -> None:
+        """Room for ``rows`` leading rows (sequences or blocks): double the capacity, at most ``limit``, and
+        copy the old rows over."""
+        if rows <= self._capacity:
+            return
+        new = min(limit, max(rows, 2 * self._capacity))
+        shape = (new, *row_shape)
+        # zeros, not empty: a masked slot still multiplies its (zero) weight by V, and 0 · NaN would be NaN
+        k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        for old, fresh in zip(self.k + self.v, k + v):
+            fresh[: self._capacity] = old
+        self.k, self.v, self._capacity = k, v, new
+
+
 # ---------------------------------------------------------------- shared maths
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """softmax(q kᵀ / √d + mask) v, spelled out. q (B,H,T,d), k/v (B,H,L,d), mask (B,1,T,L) bool.
@@ -134,6 +161,47 @@ def sdpa(
         except TypeError:  # torch < 2.5 has no enable_gqa: materialise the repeated heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, L, d)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+
+
+def key_mask(context_lens: list[int], device) -> torch.Tensor | None:
+    """(B, 1, 1, L_max) bool: key j of row b is real iff j < context_lens[b]; None when no row is padded."""
+    L = max(context_lens)
+    if min(context_lens) == L:
+        return None
+    return (torch.arange(L, device=device)[None, :] < torch.tensor(context_lens, device=device)[:, None])[:, None, None]
+
+
+def chunk_mask(start: int, T: int, ctx: int, device) -> torch.Tensor | None:
+    """(T, ctx) causal mask of T new tokens after ``start`` cached ones; None when SDPA's is_causal fits."""
+    if start == 0:
+        return None
+    return torch.arange(ctx, device=device)[None, :] <= start + torch.arange(T, device=device)[:, None]
+
+
+def mark_single(meta: AttentionMetadata, device) -> AttentionMetadata:
+    """A step of one sequence needs no padding: kind "single", SDPA's causal mask for a prefill, an
+    end-aligned mask for a chunk after a cached prefix (or γ+1 tokens to verify), none for one token."""
+    meta.kind = "single"
+    T, s = meta.query_lens[0], meta.start_lens[0]
+    if T > 1:
+        meta.mask = chunk_mask(s, T, s + T, device)
+        meta.is_causal = meta.mask is None
+    return meta
+
+
+def split_mixed(query_lens: list[int], start_lens: list[int], device) -> tuple[list[int], list[int], list[tuple]]:
+    """A mixed step, split the way every backend runs it: decode tokens batched together, each multi-token
+    sequence (a prefill or a chunk) on its own, so no decode row is padded up to a long prompt. Returns the
+    one-token sequences, their rows in the flat batch, and per multi-token sequence i the tuple
+    (i, cached tokens, first row, end row, its (T, ctx) causal mask or None)."""
+    ends = list(itertools.accumulate(query_lens))
+    dec = [i for i, q in enumerate(query_lens) if q == 1]
+    chunks = [
+        (i, s, ends[i] - q, ends[i], chunk_mask(s, q, s + q, device))
+        for i, (q, s) in enumerate(zip(query_lens, start_lens))
+        if q > 1
+    ]
+    return dec, [ends[i] - 1 for i in dec], chunks
 
 
 def ragged_index(query_lens: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:

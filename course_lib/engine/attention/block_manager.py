@@ -26,6 +26,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from course_lib.measure.costs import check_positive_int
+
 
 class OutOfBlocks(Exception):
     """Not enough free blocks. Raised before anything changes: the caller may preempt a sequence and retry."""
@@ -54,12 +56,6 @@ class BlockStats:
         return self.tokens / (self.used * self.block_size) if self.used else 1.0
 
 
-def _positive_int(name: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -75,8 +71,8 @@ class BlockManager:
     level: ``new_seq`` / ``append`` / ``truncate`` / ``fork`` / ``free_seq`` on block tables."""
 
     def __init__(self, num_blocks: int, block_size: int = 16) -> None:
-        _positive_int("num_blocks", num_blocks)
-        _positive_int("block_size", block_size)
+        check_positive_int("num_blocks", num_blocks)
+        check_positive_int("block_size", block_size)
         if block_size & (block_size - 1):
             raise ValueError(f"block_size must be a power of two (1, 2, 4, ..., 16, 32, ...), got {block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size

@@ -13,15 +13,19 @@ import heapq
 
 import torch
 
-from course_lib.engine.attention.base import AttentionBackend, AttentionMetadata, sdpa
+from course_lib.engine.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    StoredKV,
+    key_mask,
+    mark_single,
+    sdpa,
+    split_mixed,
+)
+from course_lib.measure.costs import check_positive_int
 
 
-def _positive_int(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-class ContiguousBackend(AttentionBackend):
+class ContiguousBackend(StoredKV, AttentionBackend):
     """Per layer, K and V of shape (rows, kv_heads, max_len, head_dim); a sequence's handle is its row."""
 
     name = "contiguous"
@@ -44,7 +48,7 @@ class ContiguousBackend(AttentionBackend):
             ("max_len", max_len),
             ("max_seqs", max_seqs),
         ):
-            _positive_int(name, value)
+            check_positive_int(name, value)
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.max_len, self.max_seqs = max_len, max_seqs
         self.dtype, self.device = dtype, torch.device(device)
@@ -56,13 +60,7 @@ class ContiguousBackend(AttentionBackend):
         self._next_row = 0
         self._len: dict[int, int] = {}  # live row → tokens stored
 
-    # ------------------------------------------------------------ sizes
-    @property
-    def bytes_per_token(self) -> int:
-        """2 (K and V) · layers · kv_heads · head_dim · bytes per element."""
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
-
+    # ------------------------------------------------------------ sizes (bytes_per_token: StoredKV)
     def bytes_used(self) -> int:
         return sum(self._len.values()) * self.bytes_per_token
 
@@ -95,16 +93,7 @@ class ContiguousBackend(AttentionBackend):
         return row
 
     def _ensure_capacity(self, rows: int) -> None:
-        if rows <= self._capacity:
-            return
-        new = min(self.max_seqs, max(rows, 2 * self._capacity))
-        shape = (new, self.num_kv_heads, self.max_len, self.head_dim)
-        # zeros, not empty: a masked slot still multiplies its (zero) weight by V, and 0 · NaN would be NaN
-        k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
-        v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
-        for old, fresh in zip(self.k + self.v, k + v):
-            fresh[: self._capacity] = old
-        self.k, self.v, self._capacity = k, v, new
+        self._grow(rows, self.max_seqs, (self.num_kv_heads, self.max_len, self.head_dim))
 
     def _check(self, handle) -> int:
         if handle not in self._len:
@@ -153,13 +142,7 @@ class ContiguousBackend(AttentionBackend):
         B, L = len(handles), max(ctx)
         starts = meta.start_lens
         if B == 1:  # one sequence: plain slices, no padding
-            meta.kind = "single"
-            T, s = query_lens[0], starts[0]
-            if T > 1 and s == 0:
-                meta.is_causal = True
-            elif T > 1:  # a chunk after a cached prefix (or γ+1 tokens to verify): query t sees keys ≤ s + t
-                meta.mask = torch.arange(L, device=dev)[None, :] <= s + torch.arange(T, device=dev)[:, None]
-            return meta
+            return mark_single(meta, dev)
         rows = torch.tensor(handles, device=dev)  # (B,)
         consecutive = handles == list(range(handles[0], handles[0] + B))
         meta.extra["first_row"] = handles[0] if consecutive else None
@@ -168,49 +151,27 @@ class ContiguousBackend(AttentionBackend):
             meta.kind = "decode"
             uniform = min(ctx) == L
             meta.extra["write_pos"] = starts[0] if uniform else None
-            if not uniform:
-                meta.mask = (torch.arange(L, device=dev)[None, :] < torch.tensor(ctx, device=dev)[:, None])[
-                    :, None, None
-                ]
+            meta.mask = key_mask(ctx, dev)
             return meta
-        # mixed: decode tokens batched together, each multi-token sequence (a prefill or a chunk) on its own,
-        # so no decode row is padded up to a 300-token prompt
-        meta.kind = "mixed"
-        ends = [sum(query_lens[: i + 1]) for i in range(B)]
-        dec = [i for i in range(B) if query_lens[i] == 1]
+        meta.kind = "mixed"  # decode tokens batched together, each multi-token sequence on its own
+        dec, dec_rows, chunks = split_mixed(list(query_lens), starts, dev)
         meta.extra["decode"] = None
         if dec:
-            meta.extra["decode"] = self._decode_group(
-                [handles[i] for i in dec], [ctx[i] for i in dec], torch.tensor([ends[i] - 1 for i in dec], device=dev)
-            )
-            meta.extra["decode"]["pos"] = positions[meta.extra["decode"]["index"]]  # (Nd,)
-        meta.extra["chunks"] = [
-            (
-                handles[i],
-                starts[i],
-                ends[i] - query_lens[i],
-                ends[i],
-                self._chunk_mask(starts[i], query_lens[i], ctx[i]),
-            )
-            for i in range(B)
-            if query_lens[i] > 1
-        ]
+            index = torch.tensor(dec_rows, device=dev)  # (Nd,) their rows in the flat batch
+            meta.extra["decode"] = {
+                "rows": torch.tensor([handles[i] for i in dec], device=dev),
+                "index": index,
+                "L": max(ctx[i] for i in dec),
+                "mask": key_mask([ctx[i] for i in dec], dev),
+                "pos": positions[index],  # (Nd,)
+            }
+        meta.extra["chunks"] = [(handles[i], s, a, b, mask) for i, s, a, b, mask in chunks]
         return meta
 
-    def _decode_group(self, rows: list[int], ctx: list[int], token_index: torch.Tensor) -> dict:
-        """Gather indices and mask for the one-token sequences of a mixed step."""
-        dev, L = self.device, max(ctx)
-        mask = None
-        if min(ctx) != L:
-            mask = (torch.arange(L, device=dev)[None, :] < torch.tensor(ctx, device=dev)[:, None])[:, None, None]
-        return {"rows": torch.tensor(rows, device=dev), "index": token_index, "L": L, "mask": mask}
-
-    def _chunk_mask(self, start: int, T: int, ctx: int) -> torch.Tensor | None:
-        """(T, ctx) causal mask of T new tokens after ``start`` cached ones; None when SDPA's is_causal fits."""
-        if start == 0:
-            return None
-        dev = self.device
-        return torch.arange(ctx, device=dev)[None, :] <= start + torch.arange(T, device=dev)[:, None]
+    def _attend(self, q, keys, values, mask, is_causal: bool, kv_lens=None) -> torch.Tensor:
+        """Attention of q (B, H, T, hd) over keys/values (B, Hkv, L, hd): SDPA (or ``attention_ref``) with
+        ``mask``; ``kv_lens`` (per-row key counts) is for kernels that take lengths instead of a mask."""
+        return sdpa(q, keys, values, mask, is_causal, self.use_sdpa)
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
@@ -221,13 +182,8 @@ class ContiguousBackend(AttentionBackend):
             row, s, T = meta.handles[0], meta.start_lens[0], meta.query_lens[0]
             K[row, :, s : s + T] = k.transpose(0, 1)  # (Hkv, T, hd)
             V[row, :, s : s + T] = v.transpose(0, 1)
-            o = sdpa(
-                q.transpose(0, 1)[None],
-                K[row : row + 1, :, :L],
-                V[row : row + 1, :, :L],
-                meta.mask,
-                meta.is_causal,
-                self.use_sdpa,
+            o = self._attend(
+                q.transpose(0, 1)[None], K[row : row + 1, :, :L], V[row : row + 1, :, :L], meta.mask, meta.is_causal
             )  # (1, H, T, hd)
             return o[0].transpose(0, 1)  # (T, H, hd)
         first, rows = meta.extra["first_row"], meta.extra["rows"]
@@ -240,8 +196,8 @@ class ContiguousBackend(AttentionBackend):
             else:
                 K[rows, :, meta.positions] = k  # advanced indices (B,), (B,) around a slice → (B, Hkv, hd)
                 V[rows, :, meta.positions] = v
-            keys, values = self._rows(K, V, first, rows, B, L)
-            return sdpa(q[:, :, None], keys, values, meta.mask, False, self.use_sdpa)[:, :, 0]  # (B, H, hd)
+            keys, values = self._rows(K, V, first, rows, B, L)  # (B, Hkv, L, hd)
+            return self._attend(q[:, :, None], keys, values, meta.mask, False, meta.extra.get("kv_lens"))[:, :, 0]
         out = q.new_empty(q.shape)  # (N, H, hd)
         d = meta.extra["decode"]
         if d is not None:
@@ -249,18 +205,17 @@ class ContiguousBackend(AttentionBackend):
             K[drows, :, d["pos"]] = k[idx]  # (Nd, Hkv, hd)
             V[drows, :, d["pos"]] = v[idx]
             keys, values = K[:, :, : d["L"]].index_select(0, drows), V[:, :, : d["L"]].index_select(0, drows)
-            out[idx] = sdpa(q[idx][:, :, None], keys, values, d["mask"], False, self.use_sdpa)[:, :, 0]
+            out[idx] = self._attend(q[idx][:, :, None], keys, values, d["mask"], False, d.get("kv_lens"))[:, :, 0]
         for row, s, a, b, mask in meta.extra["chunks"]:
             T = b - a
             K[row, :, s : s + T] = k[a:b].transpose(0, 1)  # (Hkv, T, hd)
             V[row, :, s : s + T] = v[a:b].transpose(0, 1)
-            o = sdpa(
+            o = self._attend(
                 q[a:b].transpose(0, 1)[None],
                 K[row : row + 1, :, : s + T],
                 V[row : row + 1, :, : s + T],
                 mask,
                 mask is None,
-                self.use_sdpa,
             )  # (1, H, T, hd)
             out[a:b] = o[0].transpose(0, 1)
         return out

@@ -15,7 +15,9 @@ Attention, like the contiguous backend's kinds ("single", "decode", "mixed"): th
 each sequence's blocks into a padded contiguous copy (B, Hkv, L, hd) and calls the same SDPA with the
 same masks. That copy is the price of paging without a kernel: decode is bandwidth-bound, and the gather
 writes and re-reads every cached byte once more. The Triton paged-decode kernel
-(``course_lib.kernels.paged_decode``) reads the blocks in place instead. Introduced in 05_attention_kv_cache.ipynb.
+(``course_lib.kernels.paged_decode``) reads the blocks in place instead. What paging saves on a request
+mix (fragmentation, fork sharing) is counted in chapter 05's ``course_lib.kv.paged_memory``. Introduced in
+05_attention_kv_cache.ipynb.
 
 Chapter 06 adds two things the scheduler uses. Prefix caching (``prefix_caching=True``; vLLM's automatic
 prefix caching): ``allocate_prefix(token_ids)`` starts a sequence on the cached full blocks its tokens
@@ -27,14 +29,22 @@ more copy in the same memory), counted in ``swapped_bytes``.
 
 from __future__ import annotations
 
-import math
-import random
 from dataclasses import dataclass
 
 import torch
 
-from course_lib.engine.attention.base import AttentionBackend, AttentionMetadata, ragged_index, sdpa
+from course_lib.engine.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    StoredKV,
+    key_mask,
+    mark_single,
+    ragged_index,
+    sdpa,
+    split_mixed,
+)
 from course_lib.engine.attention.block_manager import BlockManager, OutOfBlocks, cdiv
+from course_lib.measure.costs import check_positive_int
 
 DECODE_PATHS = ("auto", "gather", "kernel")
 
@@ -49,12 +59,7 @@ class SwappedKV:
     num_bytes: int  # bytes copied out (whole blocks, K and V, every layer); the same again to copy back
 
 
-def _positive_int(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-class PagedBackend(AttentionBackend):
+class PagedBackend(StoredKV, AttentionBackend):
     """K/V pools (num_blocks, block_size, Hkv, hd) per layer; a sequence's handle is its id in ``self.blocks``.
 
     ``decode``: how one-token rows attend — "gather" (torch: gather the blocks, then SDPA), "kernel"
@@ -81,9 +86,9 @@ class PagedBackend(AttentionBackend):
         if not isinstance(prefix_caching, bool):
             raise ValueError(f"prefix_caching must be a bool, got {prefix_caching!r}")
         for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            _positive_int(name, value)
+            check_positive_int(name, value)
         if max_len is not None:
-            _positive_int("max_len", max_len)
+            check_positive_int("max_len", max_len)
         if decode not in DECODE_PATHS:
             raise ValueError(f"decode must be one of {DECODE_PATHS}, got {decode!r}")
         self.blocks = BlockManager(num_blocks, block_size)  # checks num_blocks and block_size
@@ -133,13 +138,7 @@ class PagedBackend(AttentionBackend):
             return "kernel" if fits and HAS_TRITON and self.device.type == "cuda" else "gather"
         return decode
 
-    # ------------------------------------------------------------ sizes
-    @property
-    def bytes_per_token(self) -> int:
-        """2 (K and V) · layers · kv_heads · head_dim · bytes per element."""
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
-
+    # ------------------------------------------------------------ sizes (bytes_per_token: StoredKV)
     @property
     def bytes_per_block(self) -> int:
         return self.block_size * self.bytes_per_token
@@ -197,16 +196,7 @@ class PagedBackend(AttentionBackend):
                 t[dst] = t[src]  # (bs, Hkv, hd): the whole block; slots past the fill get overwritten
 
     def _ensure_capacity(self, blocks: int) -> None:
-        if blocks <= self._capacity:
-            return
-        new = min(self.num_blocks, max(blocks, 2 * self._capacity))
-        shape = (new, self.block_size, self.num_kv_heads, self.head_dim)
-        # zeros, not empty: a masked slot still multiplies its (zero) weight by V, and 0 · NaN would be NaN
-        k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
-        v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
-        for old, fresh in zip(self.k + self.v, k + v):
-            fresh[: self._capacity] = old
-        self.k, self.v, self._capacity = k, v, new
+        self._grow(blocks, self.num_blocks, (self.block_size, self.num_kv_heads, self.head_dim))
 
     def truncate(self, handle, length: int) -> None:
         self.blocks.truncate(self._check(handle), length)
@@ -309,58 +299,31 @@ class PagedBackend(AttentionBackend):
         meta.extra["slots"] = tables[seq, pos // bs] * bs + pos % bs  # (N,) flat slot of each new token
         meta.extra["tables"] = tables
         if B == 1:  # one sequence: no padding
-            meta.kind = "single"
-            T, s = query_lens[0], starts[0]
-            if T > 1 and s == 0:
-                meta.is_causal = True
-            elif T > 1:  # a chunk after a cached prefix (or γ+1 tokens to verify): query t sees keys ≤ s + t
-                meta.mask = torch.arange(L, device=dev)[None, :] <= s + torch.arange(T, device=dev)[:, None]
-            return meta
+            return mark_single(meta, dev)
         if all(q == 1 for q in query_lens):  # pure decode: the queries already form (B, H, 1, hd)
             meta.kind = "decode"
             meta.extra["decode"] = self._decode_group(list(range(B)), ctx, tables)
             return meta
-        # mixed: decode tokens batched together, each multi-token sequence on its own (as ContiguousBackend)
-        meta.kind = "mixed"
-        ends = [sum(query_lens[: i + 1]) for i in range(B)]
-        dec = [i for i in range(B) if query_lens[i] == 1]
+        meta.kind = "mixed"  # decode tokens batched together, each multi-token sequence on its own
+        dec, dec_rows, chunks = split_mixed(list(query_lens), starts, dev)
         meta.extra["decode"] = None
         if dec:
             d = self._decode_group(dec, [ctx[i] for i in dec], tables)
-            d["index"] = torch.tensor([ends[i] - 1 for i in dec], device=dev)  # (Nd,) their rows in the flat batch
+            d["index"] = torch.tensor(dec_rows, device=dev)  # (Nd,) their rows in the flat batch
             meta.extra["decode"] = d
-        meta.extra["chunks"] = [
-            (
-                tables[i : i + 1, : cdiv(ctx[i], bs)],
-                starts[i],
-                ends[i] - query_lens[i],
-                ends[i],
-                self._chunk_mask(starts[i], query_lens[i], ctx[i]),
-            )
-            for i in range(B)
-            if query_lens[i] > 1
-        ]
+        meta.extra["chunks"] = [(tables[i : i + 1, : cdiv(ctx[i], bs)], s, a, b, mask) for i, s, a, b, mask in chunks]
         return meta
 
     def _decode_group(self, rows: list[int], ctx: list[int], tables: torch.Tensor) -> dict:
         """Block tables, lengths and mask for the one-token sequences ``rows`` of a step."""
         dev, L = self.device, max(ctx)
         lens = torch.tensor(ctx, device=dev)  # (Nd,)
-        mask = None
-        if min(ctx) != L:
-            mask = (torch.arange(L, device=dev)[None, :] < lens[:, None])[:, None, None]  # (Nd, 1, 1, L)
+        mask = key_mask(ctx, dev)  # (Nd, 1, 1, L) or None
         nb = cdiv(L, self.block_size)
         sub = tables[:, :nb] if len(rows) == tables.shape[0] else tables[rows, :nb]  # (Nd, nb)
         if self.decode == "kernel":
             sub = sub.to(torch.int32).contiguous()  # the kernel's block-table type, converted once per step
         return {"tables": sub, "lens": lens.to(torch.int32), "L": L, "mask": mask}
-
-    def _chunk_mask(self, start: int, T: int, ctx: int) -> torch.Tensor | None:
-        """(T, ctx) causal mask of T new tokens after ``start`` cached ones; None when SDPA's is_causal fits."""
-        if start == 0:
-            return None
-        dev = self.device
-        return torch.arange(ctx, device=dev)[None, :] <= start + torch.arange(T, device=dev)[:, None]
 
     def gather(self, pool: torch.Tensor, tables: torch.Tensor, L: int) -> torch.Tensor:
         """(B, Hkv, L, hd) view of a copy of the blocks named by ``tables`` (B, nb): the torch path's extra
@@ -412,105 +375,4 @@ class PagedBackend(AttentionBackend):
         return out
 
 
-# ---------------------------------------------------------------- memory accounting on a request mix
-def request_mix(
-    n: int = 1000,
-    prompt_mean: float = 200.0,
-    output_mean: float = 200.0,
-    sigma: float = 1.0,
-    max_model_len: int = 2048,
-    seed: int = 0,
-) -> list[tuple[int, int]]:
-    """(prompt_len, output_len) of ``n`` requests, lognormal with these means (ShareGPT-like: heavy right
-    tail), seeded; each request fits in ``max_model_len``."""
-    for name, value in (("n", n), ("max_model_len", max_model_len)):
-        _positive_int(name, value)
-    if prompt_mean <= 0 or output_mean <= 0 or sigma < 0:
-        raise ValueError(f"means must be > 0 and sigma >= 0, got {prompt_mean}, {output_mean}, {sigma}")
-    rng = random.Random(seed)
-    mix = []
-    for _ in range(n):
-        p = max(1, min(max_model_len - 1, round(rng.lognormvariate(_mu(prompt_mean, sigma), sigma))))
-        o = max(1, min(max_model_len - p, round(rng.lognormvariate(_mu(output_mean, sigma), sigma))))
-        mix.append((p, o))
-    return mix
-
-
-def _mu(mean: float, sigma: float) -> float:
-    return math.log(mean) - sigma**2 / 2  # E[lognormal(mu, sigma)] = exp(mu + sigma²/2)
-
-
-@dataclass(frozen=True)
-class Fragmentation:
-    """Token slots summed over every decode step of every request: holding tokens vs reserved."""
-
-    used: int
-    reserved: dict  # scheme → slots reserved
-
-    def waste(self, scheme: str) -> float:
-        """1 − used / reserved: the fraction of reserved KV memory holding nothing."""
-        return 1 - self.used / self.reserved[scheme]
-
-
-def fragmentation(request_mix: list[tuple[int, int]], max_model_len: int = 2048, block_size: int = 16) -> Fragmentation:
-    """Reserved vs used KV slots over each request's life (the cache after each decode step holds p + i
-    tokens, i = 1 … o), for three schemes: "max_len" (a contiguous slab of ``max_model_len``, what
-    ``ContiguousBackend`` does), "oracle" (a slab of exactly p + o, knowing the output length in advance)
-    and "paged" (blocks of ``block_size`` taken as the sequence grows). Averaging over steps weights each
-    request by how long it occupies the cache, as a serving snapshot would."""
-    _positive_int("max_model_len", max_model_len)
-    _positive_int("block_size", block_size)
-    used = 0
-    reserved = {"max_len": 0, "oracle": 0, "paged": 0}
-    for p, o in request_mix:
-        if p + o > max_model_len or p < 1 or o < 1:
-            raise ValueError(f"request ({p}, {o}) must have p, o >= 1 and p + o <= max_model_len={max_model_len}")
-        for t in range(p + 1, p + o + 1):
-            used += t
-            reserved["paged"] += cdiv(t, block_size) * block_size
-        reserved["max_len"] += o * max_model_len
-        reserved["oracle"] += o * (p + o)
-    return Fragmentation(used, reserved)
-
-
-@dataclass(frozen=True)
-class Sharing:
-    """Peak KV blocks of parallel sampling: forked sequences sharing the prompt vs each with its own copy."""
-
-    shared_blocks: int
-    copied_blocks: int
-    copy_on_write: int  # partly filled prompt blocks copied at a child's first write
-
-    @property
-    def saving(self) -> float:
-        return 1 - self.shared_blocks / self.copied_blocks
-
-
-def sharing(request_mix: list[tuple[int, int]], n: int = 4, block_size: int = 16) -> Sharing:
-    """For each request: prefill the prompt once, ``fork`` it into ``n`` samples, let each generate the
-    request's output length, and count the blocks held at the end, through the real ``BlockManager``."""
-    _positive_int("n", n)
-    shared = copied = cow = 0
-    for p, o in request_mix:
-        bm = BlockManager(n * cdiv(p + o, block_size) + 1, block_size)
-        root = bm.new_seq()
-        bm.append(root, p)
-        seqs = [root] + [bm.fork(root) for _ in range(n - 1)]
-        for s in seqs:
-            cow += len(bm.append(s, o))
-        st = bm.stats()
-        shared, copied = shared + st.used, copied + st.logical
-    return Sharing(shared, copied, cow)
-
-
-__all__ = [
-    "DECODE_PATHS",
-    "Fragmentation",
-    "OutOfBlocks",
-    "PagedBackend",
-    "Sharing",
-    "SwappedKV",
-    "fragmentation",
-    "request_mix",
-    "sharing",
-]
+__all__ = ["DECODE_PATHS", "OutOfBlocks", "PagedBackend", "SwappedKV"]

@@ -24,33 +24,27 @@ guesses for the positions after it, conditioned on the rejected drafts: exactly 
 
     dec = SpeculativeDecoder(Engine("tiny-target"), JacobiProposer(window=4), gamma=4)
     out = dec.generate([ids], SamplingParams(ignore_eos=True), max_new_tokens=64)
-    trace = jacobi_trace(Engine("tiny-target"), prompt, 32, window=4); plot_jacobi_trace(trace)
+
+Its convergence trace and speed measurements are ``course_lib.decoding.convergence`` and
+``course_lib.decoding.jacobi_speed``.
 
 Introduced in 04_decoding.ipynb.
 """
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from course_lib.engine.engine import Engine
-from course_lib.engine.sampling import SamplingParams
-from course_lib.engine.speculative import Proposal, Proposer, SpeculativeDecoder, Verified
+from course_lib.engine.speculative.proposer import Proposal, Proposer, Verified
 
-#: The code prompt of ``benchmarks/speculative.py``: the measurement helper's default.
-CODE_PROMPT = (
-    "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
-    "def mul(a, b):\n    return a * b\n\n\ndef div(a, b):\n"
-)
 INITS = ("repeat", "pad", "random")
 
 
-def _check_int(name: str, value, what: str) -> int:
+def check_int(name: str, value, what: str) -> int:
+    """``value`` if it is an int ≥ 1, else a ValueError naming ``name`` and saying ``what`` it counts."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} ({what}) must be an int ≥ 1, got {value!r}")
     return value
@@ -83,11 +77,11 @@ class JacobiProposer(Proposer):
         vocab_size: int | None = None,
         seed: int = 0,
     ) -> None:
-        self.window = _check_int("window", window, "guessed tokens per step")
+        self.window = check_int("window", window, "guessed tokens per step")
         if init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {init!r}")
         if init == "random":
-            _check_int("vocab_size", vocab_size, "the target's vocabulary size, needed by init='random'")
+            check_int("vocab_size", vocab_size, "the target's vocabulary size, needed by init='random'")
         if not isinstance(pad_id, int) or isinstance(pad_id, bool) or pad_id < 0:
             raise ValueError(f"pad_id must be an int ≥ 0 (a token id), got {pad_id!r}")
         self.init, self.pad_id, self.seed = init, pad_id, seed
@@ -196,7 +190,7 @@ class LookaheadProposer(JacobiProposer):
         if not isinstance(ngram, int) or isinstance(ngram, bool) or ngram < 2:
             raise ValueError(f"ngram (tokens per pool n-gram, the key included) must be an int ≥ 2, got {ngram!r}")
         self.ngram = ngram
-        self.pool_size = _check_int("pool_size", pool_size, "n-grams kept per first token")
+        self.pool_size = check_int("pool_size", pool_size, "n-grams kept per first token")
         self._pools: dict = {}  # key → {first token → OrderedDict(continuation tuple → count)}
         self._history: dict = {}  # key → the last n − 1 forwards, newest first: {position q: (fed, answer)}
         self.pool_proposals = 0  # steps whose draft started with a pool n-gram
@@ -259,217 +253,3 @@ class LookaheadProposer(JacobiProposer):
         super().release(key)
         self._pools.pop(key, None)
         self._history.pop(key, None)
-
-
-# ---------------------------------------------------------------------------------------------- convergence trace
-
-
-class _Recorder(JacobiProposer):
-    """A Jacobi proposer that keeps every row's (pending token, Verified) in order."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.log: list[Verified] = []
-
-    def observe(self, key, verified: Verified) -> None:
-        self.log.append(verified)
-        super().observe(key, verified)
-
-
-@dataclass
-class JacobiTrace:
-    """One greedy Jacobi run at batch 1, iteration by iteration (iteration f = target forward f, from 1).
-
-    ``start[f-1]``: output tokens fixed before forward f, so ``drafts[f-1][j]`` guessed output position
-    ``start + j`` and ``guesses[f-1][j]`` is the target's answer there (j = 0 is the token after the pending
-    one). ``emitted_at[i]``: the forward that emitted output token i; ``converged_at[i]``: the first forward
-    from which the target's guess at position i was already the final token and stayed so until emitted
-    (≤ ``emitted_at[i]``; smaller means Jacobi found it before the prefix was fixed)."""
-
-    prompt_ids: list[int]
-    output_ids: list[int]
-    window: int
-    start: list[int] = field(default_factory=list)
-    drafts: list[list[int]] = field(default_factory=list)
-    guesses: list[list[int]] = field(default_factory=list)
-    accepted: list[int] = field(default_factory=list)
-    emitted_at: list[int] = field(default_factory=list)
-    converged_at: list[int] = field(default_factory=list)
-
-    @property
-    def forwards(self) -> int:
-        return len(self.start)
-
-    @property
-    def tokens_per_forward(self) -> float:
-        return len(self.output_ids) / self.forwards if self.forwards else math.nan
-
-    @property
-    def early(self) -> int:
-        """Output tokens the trajectory had right before the forward that emitted them."""
-        return sum(c < e for c, e in zip(self.converged_at, self.emitted_at))
-
-    def grid(self) -> np.ndarray:
-        """(forwards, len(output)) codes for a heat map: 0 outside the window, 1 wrong guess, 2 guess
-        already equal to the final token, 3 emitted by this forward, 4 emitted earlier."""
-        n = len(self.output_ids)
-        g = np.zeros((self.forwards, n), dtype=np.int8)
-        for f, (s, guess) in enumerate(zip(self.start, self.guesses)):
-            g[f, :s] = 4
-            for j, t in enumerate(guess):
-                i = s + j
-                if i < n:
-                    g[f, i] = 2 if t == self.output_ids[i] else 1
-            for i in range(n):
-                if self.emitted_at[i] == f + 1:
-                    g[f, i] = 3
-        return g
-
-
-def jacobi_trace(
-    engine: Engine, prompt, max_new_tokens: int, window: int, init: str = "repeat", **init_kwargs
-) -> JacobiTrace:
-    """Run greedy Jacobi decoding on one prompt (text or ids) and record which output positions converge
-    at which iteration, for a heat map (``plot_jacobi_trace``). EOS is ignored so the length is fixed."""
-    _check_int("window", window, "guessed tokens per step")
-    rec = _Recorder(window, init, **init_kwargs)
-    [ids] = engine.encode([prompt] if isinstance(prompt, str) else [list(prompt)])
-    out = SpeculativeDecoder(engine, rec, gamma=window).generate(
-        [ids], SamplingParams(ignore_eos=True), max_new_tokens=max_new_tokens
-    )
-    final = out[0].output_ids
-    n = len(final)
-    tr = JacobiTrace(list(ids), list(final), window)
-    emitted = 0
-    state: list[tuple[int, int] | None] = [None] * n  # per position: (value, first forward it held it)
-    emitted_at, converged_at = [0] * n, [0] * n
-    for f, v in enumerate(rec.log, start=1):
-        tr.start.append(emitted)
-        tr.drafts.append(list(v.drafts))
-        tr.guesses.append(list(v.argmax))
-        tr.accepted.append(v.accepted)
-        covered = set()
-        for j, t in enumerate(v.argmax):
-            i = emitted + j
-            if i >= n:
-                break
-            covered.add(i)
-            if state[i] is None or state[i][0] != t:
-                state[i] = (t, f)
-        for i in range(emitted, n):  # a position the forward did not cover starts over
-            if i not in covered:
-                state[i] = None
-        new = min(v.accepted + 1, n - emitted)
-        for i in range(emitted, emitted + new):
-            emitted_at[i] = f
-            converged_at[i] = state[i][1]
-        emitted += new
-    tr.emitted_at, tr.converged_at = emitted_at, converged_at
-    return tr
-
-
-def plot_jacobi_trace(trace: JacobiTrace, *, ax=None, max_tokens: int | None = 64):
-    """Heat map of a ``JacobiTrace``: iterations down, output positions across; grey = emitted earlier,
-    red = wrong guess, yellow = guess already final, green = emitted by this forward. Returns the figure."""
-    from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Patch
-
-    from course_lib.measure.plots import FIGSIZE, new_axes
-
-    g = trace.grid()
-    if max_tokens is not None:
-        g = g[:, :max_tokens]
-        rows = np.flatnonzero((g != 4).any(axis=1))
-        g = g[: rows[-1] + 1] if len(rows) else g[:1]
-    fig, ax = new_axes(ax, figsize=(FIGSIZE[0], min(6.0, 1.5 + 0.12 * g.shape[0])))
-    cmap = ListedColormap(["white", "#d62728", "#ffbf00", "#2ca02c", "#c7c7c7"])
-    ax.imshow(g, cmap=cmap, vmin=-0.5, vmax=4.5, aspect="auto", interpolation="nearest")
-    ax.set_xlabel("output position")
-    ax.set_ylabel("iteration (target forward)")
-    ax.set_yticks(range(0, g.shape[0], max(1, g.shape[0] // 8)))
-    ax.set_yticklabels([str(f + 1) for f in range(0, g.shape[0], max(1, g.shape[0] // 8))])
-    ax.set_title(
-        f"Jacobi decoding, window {trace.window}: {trace.tokens_per_forward:.2f} tokens/forward, "
-        f"{trace.early} of {len(trace.output_ids)} tokens right before their turn",
-        fontsize=9,
-    )
-    labels = ["wrong guess", "guess already final", "emitted now", "emitted earlier"]
-    handles = [Patch(color=cmap(c), label=lab) for c, lab in zip(range(1, 5), labels)]
-    ax.legend(handles=handles, fontsize=7, loc="upper right", framealpha=0.9)
-    fig.tight_layout()
-    return fig
-
-
-# ---------------------------------------------------------------------------------------------- measurement
-
-
-def measure_jacobi(
-    engine: Engine | None = None,
-    prompts=(CODE_PROMPT,),
-    *,
-    max_new_tokens: int = 64,
-    windows=(2, 4, 8),
-    lookahead: dict | None = None,
-    repeats: int = 3,
-) -> list[dict]:
-    """Batch 1, greedy, EOS ignored: per method, tokens per target forward, acceptance, forwards and the
-    wall-clock speedup over plain ``engine.generate`` (all prompts one after the other; best of ``repeats``
-    rounds, each timing every method once, after one warm-up), and whether every output is
-    token-identical to plain.
-    ``lookahead``: LookaheadProposer keyword arguments (default window 4, 4-grams, pool 8)."""
-    from course_lib.measure.bench import benchmark
-
-    engine = engine or Engine("tiny-target")
-    repeats = _check_int("repeats", repeats, "timed runs per method")
-    ids = engine.encode(list(prompts))
-    params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
-    refs = [engine.generate([x], params)[0].output_ids for x in ids]
-
-    la = {"window": 4, "ngram": 4, "pool_size": 8, **(lookahead or {})}
-    methods = [(f"jacobi W={w}", lambda w=w: JacobiProposer(w), w) for w in windows]
-    methods.append((f"lookahead W={la['window']} n={la['ngram']}", lambda: LookaheadProposer(**la), la["window"]))
-    rows = [dict(method="plain", window=0, tokens_per_forward=1.0, acceptance=math.nan, forwards=sum(map(len, refs)))]
-    rows[0]["identical"] = True
-    fns = [lambda: [engine.generate([x], params) for x in ids]]
-    for name, make, w in methods:
-        gen, acc, prop, fwd, same = 0, 0, 0, 0, True
-        for x, ref in zip(ids, refs):
-            out = SpeculativeDecoder(engine, make(), gamma=w).generate([x], params)
-            st = out.stats
-            gen, acc, prop, fwd = gen + st.generated, acc + st.accepted, prop + st.proposed, fwd + st.target_forwards
-            same &= out[0].output_ids == ref
-        rows.append(
-            dict(
-                method=name,
-                window=w,
-                tokens_per_forward=gen / fwd,
-                acceptance=acc / prop if prop else math.nan,
-                forwards=fwd,
-                identical=same,
-            )
-        )
-        fns.append(
-            lambda make=make, w=w: [SpeculativeDecoder(engine, make(), gamma=w).generate([x], params) for x in ids]
-        )
-    # round robin, best of ``repeats``: a load change on a shared machine hits every method alike
-    best = [math.inf] * len(fns)
-    for fn in fns:
-        fn()  # warm-up
-    for _ in range(repeats):
-        for m, fn in enumerate(fns):
-            best[m] = min(best[m], benchmark(fn, warmup=0, repeats=1, device="cpu").best_s)
-    for row, t in zip(rows, best):
-        row["time_s"], row["speedup"] = t, best[0] / t
-    return rows
-
-
-def format_table(rows: list[dict]) -> str:
-    """``measure_jacobi``'s rows as a fixed-width text table."""
-    head = f"{'method':<22}{'tok/fwd':>9}{'α':>7}{'forwards':>10}{'ms':>9}{'speedup':>9}{'identical':>10}"
-    lines = [head]
-    for r in rows:
-        lines.append(
-            f"{r['method']:<22}{r['tokens_per_forward']:>9.2f}{r['acceptance']:>7.2f}{r['forwards']:>10}"
-            f"{r['time_s'] * 1e3:>9.1f}{r['speedup']:>8.2f}x{str(r['identical']):>10}"
-        )
-    return "\n".join(lines)

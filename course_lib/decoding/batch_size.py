@@ -1,0 +1,44 @@
+"""Where speculative decoding stops paying: speculative vs plain greedy at growing batch sizes.
+
+At batch 1 a verify forward over γ + 1 tokens costs about one decode step (bandwidth-bound: the weights
+are read once). At batch B it covers B·(γ + 1) tokens; once that passes the ridge point (or, on a tiny
+model, the size where fixed overhead stops dominating) the forward becomes compute-bound, the spare
+FLOPs that paid for the drafts are gone and rejected drafts are pure waste. Introduced in 04_decoding.ipynb.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from course_lib.decoding.speedup import baseline, encode_prompts, run_method
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    batch: int
+    plain_seconds: float
+    spec_seconds: float
+    tokens_per_forward: float
+    verify_over_plain: float
+
+    @property
+    def speedup(self) -> float:
+        return self.plain_seconds / self.spec_seconds
+
+
+def batch_sweep(
+    target, make_proposer: Callable[[], object], gamma: int, prompts, batches: Sequence[int], new_tokens=32, repeats=2
+) -> list[BatchRow]:
+    """Speculative vs plain greedy at each batch size (prompts cycled to fill the batch). As the batch
+    grows, a verify forward over B·(γ+1) tokens stops costing the same as one over B tokens: the spare
+    FLOPs that paid for the drafts are gone."""
+    if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
+        raise ValueError(f"batches must be a non-empty list of ints ≥ 1, got {batches!r}")
+    pool = encode_prompts(target, prompts)
+    out = []
+    for b in batches:
+        base = baseline(target, [pool[i % len(pool)] for i in range(b)], new_tokens, repeats)
+        row = run_method(target, make_proposer(), gamma, base, repeats=repeats)
+        out.append(BatchRow(b, row.plain_seconds, row.seconds, row.tokens_per_forward, row.verify_over_plain))
+    return out

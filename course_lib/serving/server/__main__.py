@@ -1,0 +1,52 @@
+"""The command line: ``python -m course_lib.serving.server --model tiny-target --port 8000`` serves until
+Ctrl-C (``--engine-process`` runs the engine in a process of its own). Introduced in 06_batching_serving.ipynb."""
+
+from __future__ import annotations
+
+import time
+
+from course_lib.serving.server.engine_process import EngineProcess
+from course_lib.serving.server.launch import serve
+
+
+def main(argv=None) -> None:
+    """``python -m course_lib.serving.server --model tiny-target --port 8000``: serve until Ctrl-C."""
+    import argparse
+
+    from course_lib.engine import Engine
+
+    ap = argparse.ArgumentParser(prog="python -m course_lib.serving.server", description=main.__doc__)
+    ap.add_argument("--model", default="tiny-target")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--max-queue", type=int, default=64)
+    ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--engine-process", action="store_true", help="run the engine in a process of its own")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads of the engine")
+    args = ap.parse_args(argv)
+    if args.engine_process:
+        engine = EngineProcess(args.model, threads=args.threads)
+    else:
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        engine = Engine(args.model)
+    with serve(
+        engine,
+        args.host,
+        args.port,
+        max_queue=args.max_queue,
+        request_timeout_s=args.timeout,
+        model_name=args.model,
+    ) as server:
+        print(f"serving {args.model} at {server.openai_base_url} (Ctrl-C stops)", flush=True)
+        try:
+            while server.running:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":  # spawned engine processes re-import this module: they must not serve
+    main()
