@@ -60,7 +60,8 @@ test: lint unit nbtest
 lab: install
 	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install -q -e ".[lab]"
 	$(BIN)/jupyter trust notebooks/*.ipynb  # the shipped widgets render, not as text
-	$(BIN)/jupyter lab notebooks
+	@# Containers and cloud notebooks often run as root, where Jupyter refuses to start without --allow-root.
+	$(BIN)/jupyter lab notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean:
 	rm -rf build .pytest_cache

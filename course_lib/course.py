@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,6 +47,7 @@ def read_chapter(path: Path):
 
 def run(mode: str, out: Path, only: list[str] | None = None, timeout: int = 1800, inplace: bool = False) -> int:
     import nbformat
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
     root = repo_root()
@@ -69,9 +72,11 @@ def run(mode: str, out: Path, only: list[str] | None = None, timeout: int = 1800
         start = time.perf_counter()
         print(f"[course] {path.name} ({mode}) ...", flush=True)
         try:
-            NotebookClient(
-                nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
-            ).execute()
+            with tempfile.TemporaryDirectory(prefix="course-kernel-") as sockets:
+                # IPC sockets in a private folder, not TCP on localhost: nothing else on the machine can
+                # reach the kernel, and it does not warn about unencrypted TCP at every start.
+                km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
+                NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(path.parent)}}).execute()
         except Exception as exc:  # keep going: the report says which chapter broke
             failed.append(name)
             print(f"[course] {name} FAILED: {str(exc)[-2000:]}", file=sys.stderr)
@@ -90,6 +95,56 @@ def run(mode: str, out: Path, only: list[str] | None = None, timeout: int = 1800
     return 0
 
 
+# The repository the Colab badges open and the install cells clone. It is written in one place, pyproject.toml's
+# [project.urls] Repository; a fork runs `python -m course_lib.course --set-repository URL` once.
+_REPO_LINE = re.compile(r'^Repository = "https://github\.com/([\w.-]+/[\w.-]+)"$', re.M)
+_REPO_LINKS = re.compile(
+    r"(?:colab\.research\.google\.com/github|//github\.com)/([\w.-]+/[\w.-]+?)(?:\.git)?(?=[/\"'\s)]|$)"
+)
+
+
+def repository(root: Path | None = None) -> str:
+    """'owner/name' of the course's repository, from pyproject.toml's ``[project.urls] Repository``."""
+    text = ((root or repo_root()) / "pyproject.toml").read_text()
+    match = _REPO_LINE.search(text)
+    if not match:
+        raise ValueError('pyproject.toml has no line Repository = "https://github.com/OWNER/NAME" under [project.urls]')
+    return match.group(1)
+
+
+def repository_files(root: Path | None = None) -> list[Path]:
+    """The files that name the repository: the README (badges) and every chapter, source and notebook."""
+    root = root or repo_root()
+    return [root / "README.md", *chapter_sources(root), *(p.with_suffix(".ipynb") for p in chapter_sources(root))]
+
+
+def repository_links(text: str) -> set[str]:
+    """Every 'owner/name' a Colab badge or a github.com link in ``text`` points at."""
+    return set(_REPO_LINKS.findall(text))
+
+
+def set_repository(url: str, root: Path | None = None) -> list[Path]:
+    """Point the badges, the install cells and pyproject.toml at ``url`` (https://github.com/OWNER/NAME):
+    what a fork changes once. Returns the files rewritten. Executed notebooks keep their outputs."""
+    match = (
+        re.fullmatch(r"https://github\.com/([\w.-]+/[\w.-]+?)(?:\.git)?/?", url.strip())
+        if isinstance(url, str)
+        else None
+    )
+    if not match:
+        raise ValueError(f"url must look like https://github.com/OWNER/NAME, got {url!r}")
+    root = root or repo_root()
+    old, new = repository(root), match.group(1)
+    changed = []
+    for path in [root / "pyproject.toml", *repository_files(root)]:
+        text = path.read_text()
+        updated = text.replace(f"github.com/{old}", f"github.com/{new}").replace(f"/github/{old}/", f"/github/{new}/")
+        if updated != text:
+            path.write_text(updated)
+            changed.append(path)
+    return changed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=("quick", "full"), default=os.environ.get("COURSE_MODE", "quick"))
@@ -98,7 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--inplace", action="store_true", help="write each executed notebook to notebooks/ beside its .py source"
     )
+    parser.add_argument(
+        "--set-repository", metavar="URL", help="a fork: point badges and install cells at URL, then stop"
+    )
     args = parser.parse_args(argv)
+    if args.set_repository:
+        for path in set_repository(args.set_repository):
+            print(f"[course] {path.relative_to(repo_root())} now points at {repository()}")
+        return 0
     return run(args.mode, args.out, args.only, inplace=args.inplace)
 
 

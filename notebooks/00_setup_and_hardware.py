@@ -8,7 +8,7 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -165,7 +165,10 @@ print(f"datasheet entry for this device: {spec.name if spec else None}")
 # %% [markdown]
 # **Predict the compute ceiling.** For a CPU we can reason from its vector instructions: an AVX2 core
 # with two FMA units does 2 units × 8 fp32 lanes × 2 FLOPs = 32 fp32 FLOP per cycle, an AVX-512 core with
-# two FMA units 64 (Intel and AMD optimisation manuals). Ceiling = physical cores in use × clock ×
+# two 512-bit FMA units 64. The AVX-512 flag alone does not say which: AMD's Zen 4 decodes AVX-512 but runs
+# each 512-bit instruction as two halves on its 256-bit pipes, so it does 32, like AVX2 (AMD's Zen 4
+# optimisation guide; Intel's optimisation manual for its parts). The cell reads the vendor, family and
+# model to tell them apart, and prints why it chose the figure. Ceiling = physical cores in use × clock ×
 # FLOP/cycle. Hyper-threads share a core's FMA units, so they do not count. The cell says which clock it
 # found: the maximum (turbo) clock where the OS exposes it, else the current one. Turbo on all cores is
 # often lower than the single-core maximum, and other jobs take cycles, so a measured matmul usually
@@ -187,7 +190,8 @@ if theory_flops:
         f"theoretical peak: {theory_flops / 1e9:,.0f} GFLOP/s "
         + (
             f"= {min(device.core_count, torch.get_num_threads())} physical core(s) x {device.mhz:.0f} MHz "
-            f"({device.clock_note}) x {hardware.flop_per_cycle(device)} FLOP/cycle (ISA: {', '.join(device.isa)})"
+            f"({device.clock_note}) x {hardware.flop_per_cycle(device)} FLOP/cycle\n"
+            f"  ({hardware.vector_units(device)[1]}; ISA: {', '.join(device.isa)})"
             if device.kind == "cpu"
             else f"(datasheet {MAIN})"
         )
@@ -431,9 +435,10 @@ ch00.check_triad_bytes(answer, n=10_000_000)
 # `costs.triad_cost(10_000_000).bytes`.
 # </details>
 #
-# **Exercise 3.** Generating one token at batch 1 must read every weight once. What is the least time, in
-# milliseconds, an H200 needs to read all of Llama-2-7B's bf16 weights? (Hint:
-# `course_lib.models.accounting.weight_bytes(ModelShape.from_name("llama-2-7b"), "bf16")`.)
+# **Exercise 3.** Generating one token at batch 1 must read every weight matrix once (of the embedding
+# table, only the row of that one token). What is the least time, in milliseconds, an H200 needs to read
+# what one step of Llama-2-7B in bf16 reads? (Hint:
+# `course_lib.models.accounting.weights_read_per_step(ModelShape.from_name("llama-2-7b"), 1, "bf16")`.)
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -445,8 +450,9 @@ ch00.check_weight_read_ms(answer, model="llama-2-7b", gpu="H200 SXM")
 # <details><summary>Answer</summary>
 #
 # ```python
-# from course_lib.models.accounting import ModelShape, weight_bytes
-# answer = weight_bytes(ModelShape.from_name("llama-2-7b"), "bf16") / hardware.gpu_spec("H200 SXM").bandwidth * 1e3
+# from course_lib.models.accounting import ModelShape, weights_read_per_step
+# shape = ModelShape.from_name("llama-2-7b")
+# answer = weights_read_per_step(shape, 1, "bf16") / hardware.gpu_spec("H200 SXM").bandwidth * 1e3
 # ```
 #
 # The weights' bytes over the datasheet bandwidth. Its inverse is the batch-1 ceiling in tokens per second; chapter 01 asks

@@ -8,7 +8,7 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -729,8 +729,10 @@ for row in time_floors.decode_time_options(
 # ### Weights must live next to the compute: the host→device link
 #
 # If the weights do not fit on the GPU, they can be *offloaded* to CPU memory and copied in for each
-# step. The copy crosses PCIe, whose bandwidth is a small fraction of HBM's. Predicted from the links'
-# theoretical rates (PCI-SIG and NVIDIA specifications), for Llama-2-7B's bf16 weights:
+# step. The copy crosses PCIe, whose bandwidth is a small fraction of HBM's (or, on a GH200, NVLink-C2C
+# between the Grace CPU and the GPU; NVLink between GPUs is no host link and comes back in chapter 07).
+# Predicted from the links' theoretical rates (PCI-SIG and NVIDIA specifications), for Llama-2-7B's bf16
+# weights:
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -8,7 +8,7 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -61,6 +61,7 @@ if "google.colab" in sys.modules:
 # %%
 # NBVAL_IGNORE_OUTPUT
 # %matplotlib inline
+import math
 import os
 
 import matplotlib.pyplot as plt
@@ -385,6 +386,13 @@ print(
 )
 print(f"mean / p50 = {np.mean(outs) / pcts[50]:.2f}; p99 / p50 = {pcts[99] / pcts[50]:.1f}")
 print(f"with {N_REQ} requests only {N_REQ // 100} lies above p99: a p99 over fewer than ~100 requests is the maximum")
+# How many requests a *stable* p99 needs: the count above the true p99 is Binomial(n, 0.01), so its relative
+# spread is sqrt(n * 0.01 * 0.99) / (n * 0.01). Ask for ±20% (one standard deviation) in that count:
+n_stable = math.ceil(0.99 / (0.01 * 0.2**2))
+print(
+    f"for the rank of p99 to wobble by only ±20% (1 sd), n ≥ {n_stable:,} requests; "
+    f"at n = 100 it wobbles by ±{math.sqrt(100 * 0.01 * 0.99) / (100 * 0.01):.0%}"
+)
 
 # %%
 # NBVAL_IGNORE_OUTPUT

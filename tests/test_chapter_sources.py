@@ -37,6 +37,9 @@ def test_source_and_notebook_are_in_sync(source):
         assert left == right, f"{source.name}: cell {index} differs from the .ipynb (run jupytext --sync)"
     assert len(a) == len(b), f"{source.name}: {len(a)} cells in the source, {len(b)} in the .ipynb"
     assert executed.metadata.get("jupytext", {}).get("formats") == "ipynb,py:percent"
+    # what JupyterLab writes on save (ipykernel's kernelspec): opening a chapter must not mark it modified
+    assert executed.metadata["kernelspec"]["display_name"] == "Python 3 (ipykernel)"
+    assert text.metadata["kernelspec"]["display_name"] == "Python 3 (ipykernel)"
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
@@ -47,3 +50,30 @@ def test_notebook_is_executed(source):
     assert not unexecuted, f"{source.name}: code cells {unexecuted} were never executed (CONTRIBUTING.md)"
     errors = [out for cell in code for out in cell.outputs if out.get("output_type") == "error"]
     assert not errors, f"{source.name}: the committed run raised {errors[0].get('ename')}"
+
+
+def test_badges_and_install_cells_name_the_one_repository():
+    from course_lib.course import repository, repository_files, repository_links
+
+    repo = repository()
+    for path in repository_files():
+        links = repository_links(path.read_text())
+        assert links, f"{path.name} names no repository (no Colab badge or clone URL)"
+        assert links == {repo}, f"{path.name} points at {sorted(links)}, pyproject.toml says {repo!r}"
+
+
+def test_set_repository_rewrites_every_link(tmp_path):
+    import shutil
+
+    from course_lib.course import repository, repository_files, repository_links, set_repository
+
+    (tmp_path / "notebooks").mkdir()
+    for path in [repo_root() / "pyproject.toml", *repository_files()]:
+        shutil.copy(path, tmp_path / path.relative_to(repo_root()))
+    with pytest.raises(ValueError, match="url must look like"):
+        set_repository("github.com/someone", tmp_path)
+    changed = set_repository("https://github.com/someone/my-course.git", tmp_path)
+    assert repository(tmp_path) == "someone/my-course"
+    assert len(changed) == 1 + len(repository_files(tmp_path))
+    for path in repository_files(tmp_path):
+        assert repository_links(path.read_text()) == {"someone/my-course"}, path.name

@@ -38,6 +38,13 @@ def test_verdict_is_bool_like_and_silent():
     assert Verdict(False)._ipython_display_() is None
 
 
+def test_compare_prediction_ratios_never_round_to_zero(capsys):
+    compare_prediction("gap", 1.0, measured=3000.0)
+    assert "1/3,000× the measurement" in capsys.readouterr().out
+    compare_prediction("gap", 3000.0, measured=1.0)
+    assert "3,000× the measurement" in capsys.readouterr().out
+
+
 def test_compare_prediction(capsys):
     compare_prediction("decode step", 2.0, theory=1.0, measured=4.0, unit=" ms")
     out = capsys.readouterr().out

@@ -31,7 +31,7 @@ def test_ch00():
     with pytest.raises(AssertionError):
         ch00.check_triad_bytes(2 * 4 * 1000, n=1000)
     shape = accounting.ModelShape.from_name("llama-2-7b")
-    ms = accounting.weight_bytes(shape, "bf16") / 4.8e12 * 1e3
+    ms = accounting.weights_read_per_step(shape, 1, "bf16") / 4.8e12 * 1e3
     assert ch00.check_weight_read_ms(ms)
     with pytest.raises(AssertionError):
         ch00.check_weight_read_ms(ms / 1e3)

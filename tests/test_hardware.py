@@ -118,6 +118,26 @@ def test_cpu_theoretical_flops_counts_isa():
     assert hardware.cpu_theoretical_flops(hardware.DeviceInfo("cuda", "g", 1.0)) is None
 
 
+def test_flop_per_cycle_reads_the_microarchitecture_not_the_flag():
+    base = dict(kind="cpu", name="x", memory_gb=1.0, cores=2, mhz=1000.0, isa=("avx2", "fma", "avx512f"))
+    zen4 = hardware.DeviceInfo(vendor="AuthenticAMD", cpu_family=25, cpu_model=17, **base)
+    zen5 = hardware.DeviceInfo(vendor="AuthenticAMD", cpu_family=26, cpu_model=2, **base)
+    xeon = hardware.DeviceInfo(vendor="GenuineIntel", cpu_family=6, cpu_model=143, **base)
+    assert hardware.flop_per_cycle(zen4) == 32  # AVX-512 decoded, executed on 256-bit pipes
+    assert "Zen 4" in hardware.vector_units(zen4)[1]
+    assert hardware.flop_per_cycle(zen5) == 64 and hardware.flop_per_cycle(xeon) == 64
+    zen3 = hardware.DeviceInfo(vendor="AuthenticAMD", cpu_family=25, cpu_model=33, **{**base, "isa": ("avx2", "fma")})
+    assert hardware.flop_per_cycle(zen3) == 32
+    assert hardware.flop_per_cycle(hardware.DeviceInfo(**{**base, "isa": ()})) == 8
+
+
+def test_detect_cpu_reads_vendor_family_model():
+    info = hardware.detect_device("cpu")
+    if info.vendor:  # /proc/cpuinfo on x86 Linux
+        assert info.vendor in ("AuthenticAMD", "GenuineIntel") or info.vendor
+        assert info.cpu_family is None or info.cpu_family >= 1
+
+
 def test_interpreter_set_without_cuda():
     import os
 

@@ -26,7 +26,7 @@ def test_predict_load_time_arithmetic():
 
 def test_load_table_puts_pcie_100x_behind_hbm():
     rows = {r.link.key: r for r in tr.load_time_table()}
-    assert set(rows) == set(tr.LINKS)
+    assert set(rows) == set(tr.HOST_LINKS) and "nvlink4" not in rows  # NVLink 4 joins GPUs, not host and GPU
     assert rows["hbm3_h100"].vs_hbm == pytest.approx(1.0)
     assert rows["pcie4_x16"].vs_hbm == pytest.approx(3350 / 31.5, rel=1e-3)  # ~106x
     assert rows["pcie4_x16"].seconds == pytest.approx(0.428, rel=0.01)

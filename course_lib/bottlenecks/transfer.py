@@ -53,7 +53,10 @@ class Link:
 
 # Rates per direction. PCIe: PCI-SIG "PCI Express Base Specification" revisions 3.0 (8 GT/s),
 # 4.0 (16 GT/s) and 5.0 (32 GT/s). NVLink 4: NVIDIA H100 Tensor Core GPU datasheet, "NVLink: 900 GB/s"
-# total bidirectional over 18 links, i.e. 450 GB/s each way. HBM3: NVIDIA H100 SXM datasheet, 3.35 TB/s.
+# total bidirectional over 18 links, i.e. 450 GB/s each way: a GPU↔GPU link (chapters 06-07), not host→device.
+# NVLink-C2C: NVIDIA GH200 Grace Hopper Superchip datasheet, "900 GB/s" bidirectional between the Grace CPU
+# and the H100, i.e. 450 GB/s each way: the one host→device link that is not PCIe. HBM3: NVIDIA H100 SXM
+# datasheet, 3.35 TB/s.
 LINKS: dict[str, Link] = {
     link.key: link
     for link in (
@@ -61,10 +64,19 @@ LINKS: dict[str, Link] = {
         Link("pcie4_x16", "PCIe 4.0 x16", pcie_x16_gbps(16), True, "PCI Express Base Specification 4.0"),
         Link("pcie5_x16", "PCIe 5.0 x16", pcie_x16_gbps(32), True, "PCI Express Base Specification 5.0"),
         Link("nvlink4", "NVLink 4 (H100), per direction", 450.0, True, "NVIDIA H100 datasheet: 900 GB/s bidirectional"),
+        Link(
+            "nvlink_c2c",
+            "NVLink-C2C (Grace→H100, GH200)",
+            450.0,
+            True,
+            "NVIDIA GH200 datasheet: 900 GB/s bidirectional",
+        ),
         Link("hbm3_h100", "HBM3 (H100 SXM), read once", 3350.0, True, "NVIDIA H100 SXM datasheet: 3.35 TB/s"),
     )
 }
 HBM = "hbm3_h100"
+#: The links weights cross from host memory to a GPU, and HBM as the yardstick (NVLink 4 joins GPUs: not one).
+HOST_LINKS = ("pcie3_x16", "pcie4_x16", "pcie5_x16", "nvlink_c2c", HBM)
 
 
 def _check_bytes(n_bytes) -> float:
@@ -97,8 +109,8 @@ class LoadRow:
 
 
 def load_time_table(n_bytes: float = LLAMA2_7B_BF16_BYTES, links=None) -> list[LoadRow]:
-    """predict_load_time for each link (default: all of LINKS), compared with one read from HBM."""
-    keys = list(LINKS) if links is None else list(links)
+    """predict_load_time for each link (default: the host→device ``HOST_LINKS``), compared with one read from HBM."""
+    keys = list(HOST_LINKS) if links is None else list(links)
     hbm = predict_load_time(n_bytes, HBM)
     return [LoadRow(LINKS[k], float(n_bytes), t, t / hbm) for k in keys for t in [predict_load_time(n_bytes, k)]]
 

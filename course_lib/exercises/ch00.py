@@ -6,7 +6,7 @@ from course_lib.exercises import check, check_measurement
 from course_lib.measure.claims import Verdict
 from course_lib.measure.costs import triad_cost
 from course_lib.measure.hardware.datasheet import gpu_spec
-from course_lib.models.accounting import ModelShape, weight_bytes
+from course_lib.models.accounting import ModelShape, weights_read_per_step
 
 
 def ridge_expected(gpu: str = "H100 SXM", dtype: str = "bf16") -> float:
@@ -37,18 +37,18 @@ def check_triad_bytes(answer, n: int) -> Verdict:
 
 
 def weight_read_ms(model: str = "llama-2-7b", gpu: str = "H200 SXM", dtype: str = "bf16") -> float:
-    return weight_bytes(ModelShape.from_name(model), dtype) / gpu_spec(gpu).bandwidth * 1e3
+    return weights_read_per_step(ModelShape.from_name(model), 1, dtype) / gpu_spec(gpu).bandwidth * 1e3
 
 
 def check_weight_read_ms(answer, model: str = "llama-2-7b", gpu: str = "H200 SXM", dtype: str = "bf16") -> Verdict:
-    """Exercise 3: the least time (ms) ``gpu`` needs to read all of ``model``'s weights once —
-    the floor under one batch-1 decode step."""
+    """Exercise 3: the least time (ms) ``gpu`` needs to read the weights one batch-1 decode step reads —
+    every matrix and the LM head, and of the embedding table only the one row looked up."""
     return check(
         f"time to read {model} {dtype} weights once on {gpu}",
         answer,
         weight_read_ms(model, gpu, dtype),
         unit="ms",
-        hint="weight bytes (accounting.weight_bytes) / datasheet bandwidth, in milliseconds.",
+        hint="weight bytes one step reads (accounting.weights_read_per_step) / datasheet bandwidth, in ms.",
     )
 
 
@@ -65,6 +65,9 @@ def check_cache_speedup(answer, n_bytes: int = 2**20) -> Verdict:
         f"triad speed-up with {n_bytes / 2**20:g} MiB arrays (in cache) over DRAM",
         answer,
         measure,
+        # an in-cache rate varies about 2x between runs (turbo, what else shares the cache): within a factor
+        # of 2 (isclose's rtol is relative to the larger value), still far tighter than a units slip
+        rtol=0.5,
         unit="x",
         hint="compare best rates (t.rate(t.bytes, best=True)) with peaks.triad_gbs, in the same units.",
     )

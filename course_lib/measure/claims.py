@@ -89,6 +89,15 @@ def claim(
     return Verdict(held, statement, margin)
 
 
+def _ratio(r: float) -> str:
+    """A ratio a reader can compare: 0.37×, 1.8×, 3,000× — and 1/3,000× rather than a rounded 0.00×."""
+    if r == 0:
+        return "0×"
+    if abs(r) < 0.01:
+        return f"1/{1 / abs(r):,.0f}×" if r > 0 else f"−1/{1 / abs(r):,.0f}×"
+    return f"{r:,.0f}×" if abs(r) >= 100 else f"{r:.2f}×"
+
+
 def compare_prediction(name: str, prediction, *, theory=None, measured=None, unit: str = "") -> None:
     """Print the learner's ``prediction`` beside ``theory`` and ``measured`` (any may be None)."""
     if not isinstance(name, str) or not name.strip():
@@ -102,10 +111,10 @@ def compare_prediction(name: str, prediction, *, theory=None, measured=None, uni
     for label, value in rows:
         extra = ""
         if measured is not None and label != "measured" and float(measured) != 0:
-            extra = f"   ({value / float(measured):.2f}× the measurement)"
+            extra = f"   ({_ratio(value / float(measured))} the measurement)"
         print(f"  {label:<16}{_fmt(value, unit):>12}{extra}")
     if prediction is None:
-        print("  (no prediction written: set it in the cell above before measuring, then re-run)")
+        print("  (no prediction written: set your prediction variable to a number before measuring, then re-run)")
 
 
 __all__ = ["Verdict", "claim", "compare_prediction"]

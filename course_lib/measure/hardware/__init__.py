@@ -8,7 +8,13 @@ which times them with ``bench``) for the session and across chapters. The ratio 
 the ridge point, Xiao & Zhu's "hardware arithmetic intensity". Introduced in 00_setup_and_hardware.ipynb.
 """
 
-from course_lib.measure.hardware.cores import cpu_theoretical_flops, flop_per_cycle, idle_cores, timing_threads
+from course_lib.measure.hardware.cores import (
+    cpu_theoretical_flops,
+    flop_per_cycle,
+    idle_cores,
+    timing_threads,
+    vector_units,
+)
 from course_lib.measure.hardware.cpu_probe import ISA_FLAGS, physical_cores
 from course_lib.measure.hardware.datasheet import SPEC_DTYPES, GpuSpec, gpu_names, gpu_spec, gpu_specs
 from course_lib.measure.hardware.device import DeviceInfo, detect_device, preferred_dtype, spec_for_device
@@ -30,6 +36,7 @@ __all__ = [
     "cpu_theoretical_flops",
     "detect_device",
     "flop_per_cycle",
+    "vector_units",
     "gpu_names",
     "gpu_spec",
     "gpu_specs",

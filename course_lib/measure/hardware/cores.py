@@ -19,8 +19,8 @@ from course_lib.measure.hardware.device import DeviceInfo, detect_device
 
 def cpu_theoretical_flops(info: DeviceInfo | None = None, threads: int | None = None) -> float | None:
     """fp32 FLOP/s a CPU could do if each core in use issued full-width FMAs every cycle:
-    cores · Hz · FLOP/cycle, with 32 FLOP/cycle/core for AVX2+FMA and 64 for AVX-512 with two FMA units
-    (AMD and Intel optimisation manuals). Cores are *physical* cores (two hyperthreads share one core's
+    cores · Hz · FLOP/cycle (``vector_units``: 32 for AVX2+FMA and for AMD Zen 4's double-pumped AVX-512,
+    64 for AVX-512 on two 512-bit FMA units). Cores are *physical* cores (two hyperthreads share one core's
     FMA units); the clock is the max clock where the OS exposes it, else the base, else the current one
     (``info.freq_source`` says which). ``threads`` (default: torch's current thread count, at most the
     physical cores) is how many cores work. None for a GPU or an unknown clock. Turbo can push a real
@@ -33,8 +33,33 @@ def cpu_theoretical_flops(info: DeviceInfo | None = None, threads: int | None = 
 
 
 def flop_per_cycle(info: DeviceInfo) -> int:
-    """fp32 FLOP per cycle per core from the ISA flags (AMD and Intel optimisation manuals): 64 AVX-512, 32 AVX2+FMA, else 8 (SSE)."""
-    return 64 if "avx512f" in info.isa else 32 if {"avx2", "fma"} <= set(info.isa) else 8
+    """fp32 FLOP per cycle per core: FMA pipes × fp32 lanes per pipe × 2 (see ``vector_units``)."""
+    return vector_units(info)[0]
+
+
+def vector_units(info: DeviceInfo) -> tuple[int, str]:
+    """(fp32 FLOP per cycle per core, why) from the microarchitecture, not the ISA flag alone.
+
+    An AVX-512 flag says which instructions decode, not how wide the datapath is. AMD Zen 4 (family 25
+    with AVX-512) executes a 512-bit instruction as two halves on 256-bit pipes ("double pumping"), so its
+    two FMA pipes give 2 × 8 lanes × 2 = 32 FLOP/cycle, the same as AVX2 (AMD, *Software Optimization Guide
+    for the AMD Zen4 Microarchitecture*, pub. 57647, the floating-point unit section). Intel Xeon Scalable
+    parts with two 512-bit FMA units, and AMD Zen 5 (family 26) with full-width 512-bit pipes, give
+    2 × 16 × 2 = 64 (Intel, *64 and IA-32 Architectures Optimization Reference Manual*; AMD pub. 58455 for
+    Zen 5); Intel parts with one 512-bit FMA unit (some Xeon Silver/Bronze, client chips) reach only 32,
+    which no flag tells apart, so 64 is an upper bound there. AVX2 + FMA: 2 × 8 × 2 = 32. Otherwise
+    SSE: 2 × 4 lanes = 8 (no FMA)."""
+    isa = set(info.isa)
+    amd = info.vendor == "AuthenticAMD"
+    if "avx512f" in isa:
+        if amd and info.cpu_family == 25:
+            return 32, "AMD Zen 4: AVX-512 double-pumped on two 256-bit FMA pipes, 2 x 8 lanes x 2"
+        if amd and info.cpu_family is not None and info.cpu_family >= 26:
+            return 64, "AMD Zen 5: two 512-bit FMA pipes, 2 x 16 lanes x 2"
+        return 64, "AVX-512 with two 512-bit FMA units, 2 x 16 lanes x 2 (an upper bound: some parts have one)"
+    if {"avx2", "fma"} <= isa:
+        return 32, "AVX2 + FMA: two 256-bit FMA pipes, 2 x 8 lanes x 2"
+    return 8, "SSE: 4 lanes, no FMA"
 
 
 def _cpu_times() -> tuple[int, int] | None:

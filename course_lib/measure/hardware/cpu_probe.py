@@ -186,6 +186,9 @@ def probe_cpu() -> dict[str, object]:
         cache_bytes=_llc_bytes(use_sysctl),
         physical_cores=physical,
         freq_source=source,
+        vendor=info.get("vendor_id", ""),
+        cpu_family=_to_int(info.get("cpu family")),
+        cpu_model=_to_int(info.get("model")),
     )
 
 

@@ -39,6 +39,9 @@ class DeviceInfo:
     cache_bytes: int | None = None  # last-level cache (CPU L3, GPU L2); None when unknown
     physical_cores: int | None = None  # CPU: physical cores (None: unknown, use ``cores``)
     freq_source: str = ""  # CPU: what ``mhz`` is: "max", "base", "current" (max not exposed) or "" (unknown)
+    vendor: str = ""  # CPU: /proc/cpuinfo vendor_id ("AuthenticAMD", "GenuineIntel"); "" when unknown
+    cpu_family: int | None = None  # CPU: x86 family (25 = AMD Zen 3/4, 26 = Zen 5, 6 = Intel Core/Xeon)
+    cpu_model: int | None = None  # CPU: x86 model number within the family
 
     @property
     def supports_bf16(self) -> bool:
