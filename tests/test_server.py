@@ -157,11 +157,11 @@ def test_openai_client(server, refs):
         ("{not json", 400, "not valid JSON"),
         ({}, 400, "prompt"),
         ({"prompt": 3}, 400, "prompt"),
-        ({"prompt": ["a", "b"]}, 400, "prompt"),
+        ({"prompt": ["a", 2]}, 400, "prompt"),
         ({"prompt": PROMPT, "max_tokens": 0}, 400, "max_tokens"),
         ({"prompt": PROMPT, "temperature": -1}, 400, "temperature"),
         ({"prompt": PROMPT, "top_p": 0}, 400, "top_p"),
-        ({"prompt": PROMPT, "n": 2}, 400, "n=2"),
+        ({"prompt": PROMPT, "n": 0}, 400, "n must be"),
         ({"prompt": PROMPT, "model": "gpt-4"}, 404, "gpt-4"),
         ({"prompt": [5] * 1020, "max_tokens": 16}, 400, "context window"),
         ({"prompt": [10**9]}, 400, "token ids"),
@@ -363,6 +363,10 @@ def test_engine_process_serves_the_same_text_and_stops_clean(refs):
             assert stop["text"] == refs["stop"]
             chat = {"messages": [{"role": "user", "content": "Write a loop"}], "max_tokens": N, "temperature": 0}
             assert c.post("/v1/chat/completions", json=chat).json()["choices"][0]["message"]["content"] == refs["chat"]
+            # two samples with log-probs: the TokenEvent's every field crosses the pipe
+            two = c.post("/v1/completions", json=body | {"n": 2, "logprobs": 1, "temperature": 1, "seed": 1}).json()
+            assert [ch["index"] for ch in two["choices"]] == [0, 1]
+            assert all(len(ch["logprobs"]["token_logprobs"]) == N for ch in two["choices"])
             client = OpenAI(base_url=h.openai_base_url, api_key="-")
             pieces = [
                 ch.choices[0].text

@@ -32,6 +32,7 @@ from course_lib.engine.attention import AttentionBackend, ContiguousBackend, NoC
 from course_lib.engine.beam_search import beam_search as _beam_search
 from course_lib.engine.layers import SkinnyLinear
 from course_lib.engine.model import LlamaEngineModel, check_supported
+from course_lib.engine.parallel_sampling import fork_samples, sample_ids
 from course_lib.engine.sampler import Sampler
 from course_lib.engine.sampling import SamplingParams
 from course_lib.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
@@ -52,6 +53,8 @@ class TokenEvent:
     index: int  # 0 for the first generated token of that request
     finished: bool = False
     finish_reason: str | None = None  # "eos", "length" or "stop" on the request's last token
+    logprob: float | None = None  # with params.logprobs set: the token's raw log-probability
+    top_logprobs: tuple | None = None  # ... and the ((token id, log-prob), ...) of the params.logprobs most likely
 
 
 @dataclass
@@ -150,11 +153,11 @@ class Engine:
         if not isinstance(self.backend, AttentionBackend):
             raise ValueError(f"backend must be an AttentionBackend, got {type(self.backend).__name__}")
         self.scheduler = Scheduler(config, self.backend)
-        self.sampler = Sampler()
         eos = getattr(model.generation_config, "eos_token_id", None)
         if eos is None:
             eos = tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
+        self.sampler = Sampler(self.eos_ids)
         self._live: dict[str | int, Sequence] = {}  # unfinished requests by id
         self._auto_ids = itertools.count()
 
@@ -185,6 +188,8 @@ class Engine:
         """Reject, before any work, a request the context window or the KV storage can never hold."""
         limit = self.config.max_model_len
         kv_limit = self.backend.max_tokens_per_seq()
+        if max_new_tokens is None:  # until the context ends: the prompt must leave room for one token
+            max_new_tokens = 1
         for i, p in enumerate(ids):
             if len(p) + max_new_tokens > limit:
                 raise ValueError(
@@ -211,6 +216,15 @@ class Engine:
                     f"{self.config.max_num_batched_tokens} with chunked prefill off: it could never run"
                 )
 
+    def room(self, num_prompt_tokens: int) -> int:
+        """Tokens a request with this prompt may generate: what the context window and the KV storage leave."""
+        limits = [self.config.max_model_len, self.backend.max_tokens_per_seq()]
+        if self.config.max_kv_tokens is not None and self.backend.stores_kv:
+            limits.append(self.config.max_kv_tokens)
+        if not (self.config.chunked_prefill and self.backend.stores_kv):
+            limits.append(self.config.max_num_batched_tokens)
+        return min(limits) - num_prompt_tokens
+
     @staticmethod
     def _check_params(params, where: str = "params") -> SamplingParams:
         if not isinstance(params, SamplingParams):
@@ -231,7 +245,9 @@ class Engine:
         arrival: float | None = None,
     ) -> Sequence:
         """Queue one request (a string or token ids); it runs from the next ``step()``. Bad input raises
-        ``ValueError`` here, before anything is queued, and leaves every other request untouched."""
+        ``ValueError`` here, before anything is queued, and leaves every other request untouched.
+        ``params.max_new_tokens=None``: until the context (or KV room) ends; ``params.n > 1``: n samples forked
+        once the prompt is done (``parallel_sampling.py``), sample j's events under ``sample_id(request_id, j)``."""
         params = self._check_params(params or SamplingParams())
         if isinstance(prompt, str) or (
             isinstance(prompt, SequenceABC) and (not prompt or not isinstance(prompt[0], str))
@@ -240,12 +256,26 @@ class Engine:
         else:
             raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         self.check_fits([ids], params.max_new_tokens)
+        if params.max_new_tokens is None:  # until the context (or the KV room) ends, as vLLM's default
+            room = self.room(len(ids))
+            if params.min_tokens > room:
+                raise ValueError(
+                    f"min_tokens={params.min_tokens} exceeds the {room} tokens the context window leaves "
+                    f"after the prompt's {len(ids)}"
+                )
+            params = dataclasses.replace(params, max_new_tokens=room)
+        V = self.model.vocab_size
+        if any(not 0 <= t < V for t, _ in params.logit_bias):
+            bad = [t for t, _ in params.logit_bias if not 0 <= t < V]
+            raise ValueError(f"logit_bias has token ids outside the vocabulary [0, {V}): {bad[:5]}")
+        if params.logprobs is not None and params.logprobs > V:
+            raise ValueError(f"logprobs={params.logprobs} exceeds the vocabulary size {V}")
         if request_id is None:
             request_id = next(self._auto_ids)
-            while request_id in self._live:
+            while any(r in self._live for r in sample_ids(request_id, params.n)):
                 request_id = next(self._auto_ids)
-        elif request_id in self._live:
-            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
+        elif any(r in self._live for r in sample_ids(request_id, params.n)):
+            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request (or its samples)")
         seq = Sequence(request_id, ids, params, time.perf_counter() if arrival is None else arrival, self.device)
         self._live[request_id] = seq
         self.scheduler.add(seq)
@@ -255,11 +285,14 @@ class Engine:
         return self.scheduler.has_unfinished()
 
     def abort(self, request_id: str | int) -> None:
-        """Drop an unfinished request and free its KV storage."""
-        seq = self._live.pop(request_id, None)
-        if seq is None:
+        """Drop an unfinished request (all its samples, with ``n > 1``) and free its KV storage."""
+        seqs = [s for s in self._live.values() if s.request_id == request_id or s.parent == request_id]
+        if not seqs:
             raise ValueError(f"no unfinished request with id {request_id!r}")
-        self.scheduler.finish(seq, "abort", time.perf_counter())
+        now = time.perf_counter()
+        for seq in seqs:
+            self._live.pop(seq.request_id, None)
+            self.scheduler.finish(seq, "abort", now)
 
     @torch.inference_mode()
     def step(self) -> list[TokenEvent]:
@@ -273,17 +306,30 @@ class Engine:
         done = [seq.num_cached_tokens + n == seq.num_tokens for seq, n in zip(batch.seqs, batch.num_tokens)]
         logits = self.execute(batch, done)  # (M, V): one row per sequence whose prompt is now complete
         to_sample = [seq for seq, d in zip(batch.seqs, done) if d]
-        ids = self.sampler(logits, to_sample).ids.tolist() if to_sample else []  # waits for the device
-        now = time.perf_counter()
         keeps_kv = self.backend.stores_kv
         for seq, n in zip(batch.seqs, batch.num_tokens):
             seq.num_cached_tokens = seq.num_cached_tokens + n if keeps_kv else 0
+        rows = list(range(len(to_sample)))
+        for i, seq in enumerate(list(to_sample)):  # n > 1: the other samples fork off once the prompt is done
+            if seq.params.n > 1 and not seq.forked:
+                forks = fork_samples(self, seq)
+                to_sample += forks
+                rows += [i] * len(forks)
+        if len(rows) > logits.shape[0]:
+            logits = logits[torch.tensor(rows, device=logits.device)]  # (M + forks, V): a fork draws from its row
+        out = self.sampler(logits, to_sample) if to_sample else None
+        ids = out.ids.tolist() if to_sample else []  # waits for the device
+        now = time.perf_counter()
         events = []
-        for seq, tok in zip(to_sample, ids):
+        for k, (seq, tok) in enumerate(zip(to_sample, ids)):
+            lp, top = out.logprobs[k] if out.logprobs and out.logprobs[k] else (None, None)
+            if lp is not None:
+                seq.cumulative_logprob += lp
             seq.token_ids.append(tok)
             seq.token_times.append(now)
             reason = self._finish_reason(seq, tok)
-            events.append(TokenEvent(seq.request_id, tok, now, seq.num_output_tokens - 1, reason is not None, reason))
+            index = seq.num_output_tokens - 1
+            events.append(TokenEvent(seq.request_id, tok, now, index, reason is not None, reason, lp, top))
             if reason is not None:
                 self.scheduler.finish(seq, reason, now)
                 self._live.pop(seq.request_id, None)
@@ -293,7 +339,7 @@ class Engine:
         p = seq.params
         if tok in self.eos_ids and not p.ignore_eos:
             return "eos"
-        if p.stop:
+        if p.stop and seq.num_output_tokens >= p.min_tokens:
             longest = max(len(s) for s in p.stop)
             tail = self.tokenizer.decode(seq.output_ids[-(longest + 8) :], skip_special_tokens=True)
             if any(s in tail for s in p.stop):
@@ -353,12 +399,18 @@ class Engine:
 
     def _params_list(self, params, n: int) -> list[SamplingParams]:
         if params is None or isinstance(params, SamplingParams):
-            return [self._check_params(params or SamplingParams())] * n
-        if isinstance(params, (list, tuple)):
+            plist = [self._check_params(params or SamplingParams())] * n
+        elif isinstance(params, (list, tuple)):
             if len(params) != n:
                 raise ValueError(f"params is a list of {len(params)} SamplingParams but there are {n} prompts")
-            return [self._check_params(p, f"params[{i}]") for i, p in enumerate(params)]
-        raise ValueError(f"params must be a SamplingParams or a list of one per prompt, got {type(params).__name__}")
+            plist = [self._check_params(p, f"params[{i}]") for i, p in enumerate(params)]
+        else:
+            raise ValueError(
+                f"params must be a SamplingParams or a list of one per prompt, got {type(params).__name__}"
+            )
+        if any(p.n > 1 for p in plist):  # results are one per prompt here
+            raise ValueError("params.n > 1: drive add_request/step (see parallel_sampling.sample_ids) for n samples")
+        return plist
 
     def events(
         self,

@@ -56,6 +56,10 @@ class Sequence:
         self.finish_reason: str | None = None  # "eos", "length", "stop" or "abort"
         self.num_preemptions = 0
         self.swapped_bytes = 0  # KV bytes copied to the host and back by preemptions by swapping
+        self.first_scheduled: float | None = None  # when the scheduler first admitted it (queue time = − arrival)
+        self.cumulative_logprob = 0.0  # sum of its tokens' raw log-probs (kept when params.logprobs is set)
+        self.parent: str | int | None = None  # for sample j ≥ 1 of a request with params.n > 1: that request's id
+        self.forked = False  # params.n > 1: its other samples exist (forked when its prompt was done)
 
     @property
     def num_tokens(self) -> int:

@@ -33,6 +33,20 @@ class ServerMetrics:
         )
         self.e2e = Histogram("course_e2e_request_latency_seconds", "Arrival → last token", buckets=latency, registry=r)
 
+    def token(self, ev, arrival: float, previous: float | None) -> None:
+        """One generated token of a choice (``previous``: the time of that choice's last one)."""
+        if previous is None:
+            self.ttft.observe(ev.time - arrival)
+
+    def finished(self, reason: str, token_times: list[float], arrival: float) -> None:
+        """One sequence (a choice) ended: how, and with which token times."""
+        self.requests.labels(finish_reason=reason).inc()
+        self.generation_tokens.inc(len(token_times))
+        if reason in ("eos", "stop", "length") and token_times:
+            self.e2e.observe(token_times[-1] - arrival)
+            if len(token_times) > 1:
+                self.tpot.observe((token_times[-1] - token_times[0]) / (len(token_times) - 1))
+
 
 def set_gauges(metrics: ServerMetrics | None, gauges: tuple) -> None:
     """Set the queue and KV gauges from ``EngineCore.gauges()`` (nothing if there are no metrics)."""

@@ -1,6 +1,7 @@
-"""The OpenAI wire format of the course server: the request bodies (pydantic models), the error body
-``{"error": {"message", "type", "code"}}``, OpenAI's finish-reason names and the chat prompt's fallback
-rendering. No engine and no HTTP here: ``app`` parses with these models and answers with these bodies.
+"""The OpenAI wire format of the course server: the request bodies (pydantic models), the fields the server
+refuses by name, the error body ``{"error": {"message", "type", "param", "code"}}``, OpenAI's finish-reason
+names and the chat prompt's fallback rendering. No engine and no HTTP here: ``app`` parses with these
+models, ``params`` turns them into the engine's ``SamplingParams``, ``responses`` builds the answers.
 Introduced in 06_batching_serving.ipynb."""
 
 from __future__ import annotations
@@ -9,36 +10,66 @@ from pydantic import BaseModel, ConfigDict
 
 # OpenAI names two finish reasons; the engine's "eos" (end of sequence) is OpenAI's "stop"
 OPENAI_REASON = {"eos": "stop", "stop": "stop", "length": "length"}
+DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions; chat's default is the rest of the context
+MAX_LOGPROBS = 20  # top alternatives per token, at most (OpenAI's top_logprobs limit, vLLM's max_logprobs)
+CHAT_ROLES = ("system", "developer", "user", "assistant")
 
 
-class StreamOptions(BaseModel):
-    include_usage: bool = False
+class _Body(BaseModel):
+    """Fields outside the model are kept (``extra="allow"``) so that ``unsupported_fields`` can refuse them
+    by name: a field the server does not implement must never be accepted in silence. Types are strict, as
+    OpenAI's are: ``"yes"`` is not a bool nor ``"2"`` an int (an int is a float, as in JSON)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)  # strict: "yes" is not a bool, "2" not an int
 
 
-class _CommonRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # OpenAI fields we do not implement are ignored
+class StreamOptions(_Body):
+    include_usage: bool | None = None
 
+
+class _CommonRequest(_Body):
+    # every field may be null: null means the default, as in OpenAI's API
     model: str | None = None
-    max_tokens: int | None = None  # None → DEFAULT_MAX_TOKENS
-    temperature: float = 1.0  # OpenAI's default; pass 0 for greedy
-    top_p: float = 1.0
+    max_tokens: int | None = None  # None → DEFAULT_MAX_TOKENS (completions) or the rest of the context (chat)
+    temperature: float | None = None  # None → 1.0, OpenAI's default; pass 0 for greedy
+    top_p: float | None = None
+    n: int | None = None  # choices per prompt
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
-    n: int = 1
-    ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens (benchmarks)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's JSON) → bias in [-100, 100]
+    # vLLM's extensions
+    top_k: int | None = None  # 0 or -1 = off
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None  # generate exactly max_tokens (benchmarks)
 
 
 class CompletionRequest(_CommonRequest):
-    """The body of ``POST /v1/completions``: one prompt, a string or token ids."""
+    """The body of ``POST /v1/completions``: a prompt (a string or token ids) or a list of them."""
 
-    prompt: str | list[int]
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool | None = None
+    logprobs: int | None = None  # top alternatives per token, 0..MAX_LOGPROBS
+    best_of: int | None = None  # samples per prompt, the n most likely returned
 
 
-class ChatMessage(BaseModel):
+class ContentPart(_Body):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Body):
     role: str
-    content: str
+    content: str | list[ContentPart] | None = None
+
+
+class ResponseFormat(_Body):
+    type: str
 
 
 class ChatRequest(_CommonRequest):
@@ -46,9 +77,47 @@ class ChatRequest(_CommonRequest):
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
 
 
-DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+def unsupported_fields(body: BaseModel, where: str = "") -> list[str]:
+    """Every field of ``body`` (nested models and lists too) that the models do not declare and that is not
+    null, as dotted names: ``["tools", "messages[0].name"]``."""
+    names = [f"{where}{k}" for k, v in (body.model_extra or {}).items() if v is not None]
+    for name in type(body).model_fields:
+        value = getattr(body, name)
+        if isinstance(value, BaseModel):
+            names += unsupported_fields(value, f"{where}{name}.")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    names += unsupported_fields(item, f"{where}{name}[{i}].")
+    return names
+
+
+def message_text(message: ChatMessage, i: int) -> str:
+    """A chat message's text: a string, or its text parts joined by newlines (as vLLM joins them)."""
+    if message.role not in CHAT_ROLES:
+        raise RequestFailure(
+            400,
+            f"messages[{i}].role={message.role!r} is not supported; use one of {CHAT_ROLES}",
+            "",
+            f"messages[{i}].role",
+        )
+    content = message.content
+    if content is None:
+        raise RequestFailure(400, f"messages[{i}].content is required", "", f"messages[{i}].content")
+    if isinstance(content, str):
+        return content
+    for j, part in enumerate(content):
+        where = f"messages[{i}].content[{j}]"
+        if part.type != "text":
+            raise RequestFailure(400, f"{where}: only text parts are supported, got type {part.type!r}", "", where)
+        if part.text is None:
+            raise RequestFailure(400, f"{where}.text is required in a text part", "", f"{where}.text")
+    return "\n".join(part.text for part in content)
 
 
 def render_chat(messages: list[dict], tokenizer=None) -> str:
@@ -60,14 +129,15 @@ def render_chat(messages: list[dict], tokenizer=None) -> str:
 
 
 class RequestFailure(Exception):
-    """A request that ends with an HTTP error: its status, message and the finish reason it is counted under."""
+    """A request that ends with an HTTP error: its status, message, the finish reason it is counted under
+    and the request field it is about (``param``, None if none)."""
 
-    def __init__(self, status: int, message: str, reason: str) -> None:
+    def __init__(self, status: int, message: str, reason: str, param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.reason = status, message, reason
+        self.status, self.message, self.reason, self.param = status, message, reason, param
 
 
-def error_body(status: int, message: str) -> dict:
+def error_body(status: int, message: str, param: str | None = None) -> dict:
     """OpenAI's error body for ``status``: ``{"error": {"message", "type", "param", "code"}}``."""
     kind = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error", 504: "timeout"}
-    return {"error": {"message": message, "type": kind.get(status, "server_error"), "param": None, "code": status}}
+    return {"error": {"message": message, "type": kind.get(status, "server_error"), "param": param, "code": status}}

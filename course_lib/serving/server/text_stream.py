@@ -16,10 +16,13 @@ class TextStream:
         self.ids: list[int] = []
         self.text = ""
         self.shown = 0
+        self.offsets: list[int] = []  # per token: where its text starts in the output text (OpenAI's text_offset)
+        self._decoded = ""
 
     def push(self, token_id: int, finish_reason: str | None) -> str:
         self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        self.offsets.append(len(self._decoded.rstrip("\ufffd")))
+        text = self._decoded = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if finish_reason is not None:
             if finish_reason == "stop":
                 text = text[: min((text.find(s) for s in self.stop if s in text), default=len(text))]
