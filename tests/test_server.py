@@ -182,6 +182,65 @@ def test_malformed_bodies_are_4xx(server, body, status, words):
     assert metric_values(server)["course_requests_in_server"] == 0
 
 
+def is_openai_error(body: dict, status_type: str) -> bool:
+    err = body["error"]
+    return (
+        set(err) == {"message", "type", "param", "code"}
+        and err["type"] == status_type
+        and isinstance(err["code"], str)
+        and isinstance(err["message"], str)
+        and (err["param"] is None or isinstance(err["param"], str))
+    )
+
+
+@pytest.mark.parametrize(
+    "method, path, body, status, kind, code, param",
+    [
+        ("POST", "/v1/completions", "{oops", 400, "invalid_request_error", "invalid_json", None),
+        ("POST", "/v1/completions", {}, 400, "invalid_request_error", "missing_required_parameter", "prompt"),
+        ("POST", "/v1/completions", {"prompt": PROMPT, "top_p": "x"}, 400, "invalid_request_error", "invalid_type", "top_p"),
+        ("POST", "/v1/completions", {"prompt": PROMPT, "top_p": 0}, 400, "invalid_request_error", "invalid_value", "top_p"),
+        ("POST", "/v1/completions", {"prompt": PROMPT, "functions": []}, 400, "invalid_request_error", "unsupported_parameter", "functions"),
+        ("POST", "/v1/completions", {"prompt": [5] * 1020}, 400, "invalid_request_error", "context_length_exceeded", "max_tokens"),
+        ("POST", "/v1/completions", {"prompt": PROMPT, "model": "gpt-4"}, 404, "invalid_request_error", "model_not_found", "model"),
+        ("POST", "/v1/nothing", {}, 404, "invalid_request_error", "not_found", None),
+        ("GET", "/v1/completions", None, 405, "invalid_request_error", "method_not_allowed", None),
+    ],
+)  # fmt: skip
+def test_error_bodies_have_openai_shape(server, method, path, body, status, kind, code, param):
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        if isinstance(body, str):
+            r = c.request(method, path, content=body, headers={"content-type": "application/json"})
+        else:
+            r = c.request(method, path, json=body)
+    assert r.status_code == status, r.text
+    assert is_openai_error(r.json(), kind), r.json()
+    assert (r.json()["error"]["code"], r.json()["error"]["param"]) == (code, param)
+
+
+def test_openai_client_sees_429_with_retry_after(engine):
+    openai = pytest.importorskip("openai")
+    long = {"prompt": PROMPT, "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True}
+    with serve(engine, max_queue=1) as h, httpx.Client(base_url=h.url, timeout=60) as c:
+        client = openai.OpenAI(base_url=h.openai_base_url, api_key="-", max_retries=0, timeout=60)
+        with c.stream("POST", "/v1/completions", json=long) as r:
+            lines = r.iter_lines()  # kept: dropping the iterator would close the stream
+            next(lines)  # the one place is taken
+            with pytest.raises(openai.RateLimitError) as info:
+                client.completions.create(model="tiny-target", prompt=PROMPT, max_tokens=N)
+        assert int(info.value.response.headers["retry-after"]) >= 1
+        assert info.value.body["code"] == "rate_limit_exceeded" and info.value.body["type"] == "rate_limit_error"
+        client.close()
+        assert kv_idle(h)
+
+
+def test_loadgen_reads_string_and_int_error_codes():
+    from course_lib.serving.loadgen.http_client import _status
+
+    assert _status("timeout", 200) == 504 and _status("service_unavailable", 200) == 503
+    assert _status(500, 200) == 500 and _status(None, 200) == 200 and _status("something_else", 200) == 500
+
+
 def test_burst_above_the_queue_gets_429_and_every_request_is_accounted(engine, refs):
     n_burst, max_queue = 12, 3
 
@@ -198,6 +257,8 @@ def test_burst_above_the_queue_gets_429_and_every_request_is_accounted(engine, r
         assert 1 <= len(ok) and len(rejected) >= 1
         assert all(r.json()["choices"][0]["text"] == refs["text"] for r in ok)
         assert all("max_queue=3" in r.json()["error"]["message"] for r in rejected)
+        assert all(r.json()["error"]["code"] == "rate_limit_exceeded" for r in rejected)
+        assert all(int(r.headers["retry-after"]) >= 1 for r in rejected)  # about one request's latency
         m = metric_values(h)
         assert m["course_requests_total{finish_reason=rejected}"] == len(rejected)
         assert m["course_requests_total{finish_reason=length}"] == len(ok)
@@ -236,7 +297,7 @@ def test_timeout_aborts_the_request(engine):
         with c.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
             if r.status_code == 200:  # timed out after the headers: an error event, then [DONE]
                 events = sse(r.iter_lines())
-                assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 504
+                assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "timeout"
             else:  # timed out before the engine had even queued it
                 r.read()
                 assert r.status_code == 504
@@ -297,7 +358,7 @@ def test_clean_stop_and_engine_ownership(engine):
         next(lines)
         h.stop()  # with a stream still open: it ends with a 503 error event
         events = sse(lines)
-    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 503
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "service_unavailable"
     assert not h.running and not h.engine_loop.alive
     assert {t.ident for t in threading.enumerate()} == before
     assert not engine.has_unfinished() and engine.backend.bytes_used() == 0
@@ -406,14 +467,16 @@ def test_engine_process_crash_fails_requests_without_hanging():
             next(lines)
             os.kill(proc.pid, signal.SIGKILL)  # the engine dies mid-stream
             events = sse(lines)
-        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 500
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "engine_error"
         deadline = time.monotonic() + 10
         while proc.alive and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not proc.alive
-        assert c.get("/health").status_code == 503
+        health = c.get("/health")
+        assert health.status_code == 503 and health.json()["error"]["code"] == "service_unavailable"
         r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": N})
         assert r.status_code == 503  # refused at once, not queued forever
+        assert int(r.headers["retry-after"]) > 0 and int(health.headers["retry-after"]) > 0
     assert proc._proc is None
 
 

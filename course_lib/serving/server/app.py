@@ -4,10 +4,13 @@ content, penalties, ``logit_bias``, ``stream`` with ``stream_options.include_usa
 ``min_p``, ``repetition_penalty``, ``min_tokens`` and ``ignore_eos``; any other field is refused by name,
 see ``params``), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus). The HTTP side only
 parses, admits (429 past ``max_queue`` sequences), detokenizes and writes server-sent events; the engine
-runs on an ``EngineLoop`` thread or in an ``EngineProcess``. Errors use OpenAI's body: 400 malformed body or
-parameters (``param`` names the field), 404 unknown model, 429 more than ``max_queue`` sequences in the
-server, 504 past ``request_timeout_s`` (the request is aborted and its KV freed), 500 engine failure, 503
-shutting down. A streaming request that fails
+runs on an ``EngineLoop`` thread or in an ``EngineProcess``. Errors use OpenAI's body, ``{"error": {"message",
+"type", "param", "code"}}`` with string type and code: 400 malformed body or parameters (``param`` names the
+field), 404 unknown model or route, 429 more than ``max_queue`` sequences in the server (``Retry-After``: the
+mean request latency so far; the openai client honours it when it retries, which it does twice by default,
+so pass ``max_retries=0`` to see the backpressure), 504 past ``request_timeout_s`` (the request is aborted and
+its KV freed), 500 engine failure, 503 shutting down or no engine (``Retry-After`` too; ``/health`` answers
+503 the same way). A streaming request that fails
 after its headers were sent ends with a ``data: {"error": ...}`` event, then ``data: [DONE]``; a client that
 disconnects has its request aborted in the engine. Introduced in 06_batching_serving.ipynb."""
 
@@ -24,13 +27,20 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from course_lib.serving.server.engine_loop import EngineLoop
 from course_lib.serving.server.engine_process import EngineProcess
 from course_lib.serving.server.job import Job, ServerState, close_on_disconnect
 from course_lib.serving.server.metrics import ServerMetrics
 from course_lib.serving.server.params import plan
-from course_lib.serving.server.protocol import ChatRequest, CompletionRequest, RequestFailure, error_body
+from course_lib.serving.server.protocol import (
+    RETRY_AFTER_UNAVAILABLE_S,
+    ChatRequest,
+    CompletionRequest,
+    RequestFailure,
+    error_body,
+)
 from course_lib.serving.server.responses import TokenStrings, choice_body, chunk_choice
 
 
@@ -76,15 +86,25 @@ def create_app(engine, *, max_queue: int = 64, request_timeout_s: float | None =
     app.state.engine_loop = engine_loop
     app.state.metrics = metrics
 
-    def error(status: int, message: str, param: str | None = None) -> JSONResponse:
-        return JSONResponse(error_body(status, message, param), status_code=status)
+    def error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+        headers = None
+        if status == 429:  # about when a place frees: one request's mean latency so far
+            headers = {"Retry-After": str(metrics.retry_after_s())}
+        elif status == 503:
+            headers = {"Retry-After": str(RETRY_AFTER_UNAVAILABLE_S)}
+        return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+
+    def failed(f: RequestFailure) -> JSONResponse:
+        return error(f.status, f.message, f.param, f.code)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(request, exc: RequestValidationError):
         by_field: dict[str, list] = {}
         for e in exc.errors():
             if e.get("type") == "json_invalid":
-                return error(400, f"malformed request: the body is not valid JSON ({e.get('msg', '')})")
+                return error(
+                    400, f"malformed request: the body is not valid JSON ({e.get('msg', '')})", None, "invalid_json"
+                )
             loc = [x for x in e.get("loc", ()) if x != "body"]
             by_field.setdefault(str(loc[0]) if loc else "body", []).append((loc[1:], e.get("msg", "invalid")))
         parts = []
@@ -94,7 +114,17 @@ def create_app(engine, *, max_queue: int = 64, request_timeout_s: float | None =
                 parts.append(f"{name}: matches none of its allowed forms ({', '.join(forms)})")
             else:
                 parts += [".".join([name, *map(str, rest)]) + f": {msg}" for rest, msg in errs]
-        return error(400, "malformed request: " + "; ".join(parts), next(iter(by_field)))
+        missing = any(e.get("type") == "missing" for e in exc.errors())
+        code = "missing_required_parameter" if missing else "invalid_type"
+        return error(400, "malformed request: " + "; ".join(parts), next(iter(by_field)), code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc: StarletteHTTPException):  # unknown route, wrong method: OpenAI's body too
+        return error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+
+    @app.exception_handler(Exception)
+    async def crash(request, exc: Exception):  # a bug in a route: a 500 with OpenAI's body, not a bare text
+        return error(500, f"internal server error: {exc!r}", None, "internal_error")
 
     @app.get("/health")
     async def health():
@@ -122,7 +152,7 @@ def create_app(engine, *, max_queue: int = 64, request_timeout_s: float | None =
         try:
             p = plan(body, state.tokenizer, model_name, max_queue=max_queue)
         except RequestFailure as f:
-            return error(f.status, f.message, f.param)
+            return failed(f)
         if not engine_loop.alive:
             return error(503, "the engine loop is not running")
         if state.in_server + p.num_seqs > max_queue:
@@ -137,7 +167,7 @@ def create_app(engine, *, max_queue: int = 64, request_timeout_s: float | None =
         except RequestFailure as f:
             watcher.cancel()
             job.close(f.reason)
-            return error(f.status, f.message, f.param)
+            return failed(f)
         except BaseException:
             watcher.cancel()
             job.close("abort")
@@ -151,7 +181,7 @@ def create_app(engine, *, max_queue: int = 64, request_timeout_s: float | None =
                 pass
         except RequestFailure as f:
             job.close(f.reason)
-            return error(f.status, f.message, f.param)
+            return failed(f)
         finally:
             watcher.cancel()
             job.close("abort")  # no-op unless cancelled
@@ -193,7 +223,7 @@ def create_app(engine, *, max_queue: int = 64, request_timeout_s: float | None =
                 yield chunk([], job.usage())
         except RequestFailure as f:
             job.close(f.reason)
-            yield f"data: {json.dumps(error_body(f.status, f.message, f.param))}\n\n"
+            yield f"data: {json.dumps(error_body(f.status, f.message, f.param, f.code))}\n\n"
         finally:
             job.close("abort")  # no-op after a normal end; the client left otherwise
         yield "data: [DONE]\n\n"

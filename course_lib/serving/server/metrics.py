@@ -4,6 +4,8 @@ Introduced in 06_batching_serving.ipynb."""
 
 from __future__ import annotations
 
+import math
+
 
 class ServerMetrics:
     """Prometheus metrics in their own ``CollectorRegistry`` (two apps in one process never collide)."""
@@ -12,6 +14,7 @@ class ServerMetrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = r = CollectorRegistry()
+        self._e2e_sum, self._e2e_n = 0.0, 0
         self.waiting = Gauge("course_requests_waiting", "Requests in the engine's waiting queue", registry=r)
         self.running = Gauge("course_requests_running", "Requests the engine is running", registry=r)
         self.in_server = Gauge("course_requests_in_server", "Requests admitted and not yet answered", registry=r)
@@ -44,8 +47,17 @@ class ServerMetrics:
         self.generation_tokens.inc(len(token_times))
         if reason in ("eos", "stop", "length") and token_times:
             self.e2e.observe(token_times[-1] - arrival)
+            self._e2e_sum += token_times[-1] - arrival
+            self._e2e_n += 1
             if len(token_times) > 1:
                 self.tpot.observe((token_times[-1] - token_times[0]) / (len(token_times) - 1))
+
+    def retry_after_s(self) -> int:
+        """A 429's ``Retry-After``: the mean end-to-end latency of the requests served so far, in whole
+        seconds within [1, 60] (1 before any): about when the requests ahead will have made room."""
+        if not self._e2e_n:
+            return 1
+        return min(60, max(1, math.ceil(self._e2e_sum / self._e2e_n)))
 
 
 def set_gauges(metrics: ServerMetrics | None, gauges: tuple) -> None:

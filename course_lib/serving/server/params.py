@@ -44,8 +44,8 @@ class Plan:
         return len(self.prompts) * self.params.n
 
 
-def bad(message: str, param: str | None, status: int = 400) -> RequestFailure:
-    return RequestFailure(status, message, "", param)
+def bad(message: str, param: str | None, status: int = 400, code: str | None = None) -> RequestFailure:
+    return RequestFailure(status, message, "", param, code)
 
 
 def _count(name: str, value, lo: int, hi: int | None = None) -> int:
@@ -90,9 +90,16 @@ def plan(body, tokenizer, model_name: str, *, max_queue: int) -> Plan:
         messages = [{"role": m.role, "content": message_text(m, i)} for i, m in enumerate(body.messages)]
     extra = unsupported_fields(body)
     if extra:
-        raise bad(f"unsupported field '{extra[0]}': this server does not implement it", extra[0])
+        raise bad(
+            f"unsupported field '{extra[0]}': this server does not implement it", extra[0], 400, "unsupported_parameter"
+        )
     if body.model is not None and body.model != model_name:
-        raise bad(f"the model `{body.model}` does not exist; this server serves `{model_name}`", "model", 404)
+        raise bad(
+            f"the model `{body.model}` does not exist; this server serves `{model_name}`",
+            "model",
+            404,
+            "model_not_found",
+        )
     stream = bool(body.stream)
     if body.stream_options is not None and not stream:
         raise bad("stream_options is only allowed with stream=true", "stream_options")
@@ -102,6 +109,8 @@ def plan(body, tokenizer, model_name: str, *, max_queue: int) -> Plan:
             raise bad(
                 f"unsupported field 'response_format' of type {body.response_format.type!r}: only 'text' is implemented",
                 "response_format",
+                400,
+                "unsupported_parameter",
             )
         if body.top_logprobs is not None and not body.logprobs:
             raise bad("top_logprobs needs logprobs=true", "top_logprobs")

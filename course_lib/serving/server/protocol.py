@@ -1,6 +1,7 @@
 """The OpenAI wire format of the course server: the request bodies (pydantic models), the fields the server
 refuses by name, the error body ``{"error": {"message", "type", "param", "code"}}``, OpenAI's finish-reason
-names and the chat prompt's fallback rendering. No engine and no HTTP here: ``app`` parses with these
+names and the chat prompt's fallback rendering. The error ``type`` and ``code`` are strings, as OpenAI's
+(vLLM puts the status in ``code``); ``STATUS_OF_CODE`` maps a code back to its HTTP status. No engine and no HTTP here: ``app`` parses with these
 models, ``params`` turns them into the engine's ``SamplingParams``, ``responses`` builds the answers.
 Introduced in 06_batching_serving.ipynb."""
 
@@ -129,15 +130,37 @@ def render_chat(messages: list[dict], tokenizer=None) -> str:
 
 
 class RequestFailure(Exception):
-    """A request that ends with an HTTP error: its status, message, the finish reason it is counted under
-    and the request field it is about (``param``, None if none)."""
+    """A request that ends with an HTTP error: its status, message, the finish reason it is counted under,
+    the request field it is about (``param``, None if none) and OpenAI's ``code`` (None: the status's)."""
 
-    def __init__(self, status: int, message: str, reason: str, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, reason: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.reason, self.param = status, message, reason, param
+        self.status, self.message, self.reason, self.param, self.code = status, message, reason, param, code
 
 
-def error_body(status: int, message: str, param: str | None = None) -> dict:
-    """OpenAI's error body for ``status``: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error", 504: "timeout"}
-    return {"error": {"message": message, "type": kind.get(status, "server_error"), "param": param, "code": status}}
+# status → OpenAI's error ``type`` and the default ``code``, both strings (the openai client maps the status)
+ERRORS = {
+    400: ("invalid_request_error", "invalid_value"),
+    404: ("invalid_request_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"),
+    429: ("rate_limit_error", "rate_limit_exceeded"),
+    500: ("server_error", "engine_error"),
+    503: ("server_error", "service_unavailable"),
+    504: ("server_error", "timeout"),
+}
+STATUS_OF_CODE = {code: status for status, (_, code) in ERRORS.items()} | {
+    "unsupported_parameter": 400,
+    "context_length_exceeded": 400,
+    "invalid_json": 400,
+    "invalid_type": 400,
+    "missing_required_parameter": 400,
+    "model_not_found": 404,
+}
+RETRY_AFTER_UNAVAILABLE_S = 5  # 503: shutting down, or the engine is not running
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    """OpenAI's error body for ``status``: ``{"error": {"message", "type", "param", "code"}}``, with string
+    ``type`` and ``code`` (``code`` defaults to the status's, e.g. "rate_limit_exceeded" for 429)."""
+    kind, default = ERRORS.get(status, ("server_error", "server_error"))
+    return {"error": {"message": message, "type": kind, "param": param, "code": code or default}}
