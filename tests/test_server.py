@@ -13,7 +13,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 httpx = pytest.importorskip("httpx")
 
-from course_lib.engine import Engine, SamplingParams  # noqa: E402
+from course_lib.engine import Engine, SamplingParams, SchedulerConfig  # noqa: E402
 from course_lib.measure.metrics import SLO  # noqa: E402
 from course_lib.serving.loadgen import (  # noqa: E402
     TimedRequest,
@@ -275,7 +275,7 @@ def test_client_disconnect_aborts_and_frees_kv(server, refs):
                 if seen == 3:
                     break
             live = metric_values(server)
-            assert live["course_requests_running"] == 1 and live["course_kv_cache_bytes_used"] > 0
+            assert live["course_num_requests_running"] == 1 and live["course_kv_cache_bytes_used"] > 0
         # leaving the block closed the connection mid-stream
         assert kv_idle(server)
         # a non-streaming client that gives up (read timeout) is aborted too
@@ -328,23 +328,76 @@ def test_engine_error_fails_the_request_not_the_loop(engine, refs, monkeypatch):
 
 
 def test_metrics_after_requests(server):
-    n = 3
+    """vLLM's metric names (course_ for vllm:), per sequence and per token."""
     with httpx.Client(base_url=server.url, timeout=60) as c:
-        for i in range(n):
-            body = {"prompt": PROMPT, "max_tokens": N, "temperature": 0, "ignore_eos": True, "stream": i % 2 == 1}
+        for i in range(3):  # plain, streamed, and two samples of one prompt: 4 sequences
+            body = {"prompt": PROMPT, "max_tokens": N, "temperature": 0, "ignore_eos": True, "stream": i == 1}
+            if i == 2:
+                body |= {"n": 2, "temperature": 1.0, "seed": 0}
             assert c.post("/v1/completions", json=body).status_code == 200
-    m = metric_values(server)
-    assert m["course_time_to_first_token_seconds_count"] == n
-    assert 0 < m["course_time_to_first_token_seconds_sum"] / n < 30
-    assert m["course_time_per_output_token_seconds_count"] == n
-    assert 0 < m["course_time_per_output_token_seconds_sum"] / n < 5
-    assert m["course_e2e_request_latency_seconds_count"] == n
-    assert m["course_requests_total{finish_reason=length}"] == n
-    assert m["course_generation_tokens_total"] == n * N
-    assert m["course_prompt_tokens_total"] > 0
-    for gauge in ("requests_waiting", "requests_running", "requests_in_server", "kv_cache_bytes_used"):
+    m, seqs = metric_values(server), 4
+    for name in ("time_to_first_token", "request_queue_time", "request_prefill_time", "e2e_request_latency",
+                 "request_time_per_output_token", "request_decode_time", "request_inference_time"):  # fmt: skip
+        assert m[f"course_{name}_seconds_count"] == seqs, name
+        assert 0 <= m[f"course_{name}_seconds_sum"] / seqs < 30, name
+    assert m["course_inter_token_latency_seconds_count"] == seqs * (N - 1)  # one per token after the first
+    assert 0 < m["course_inter_token_latency_seconds_sum"] / (seqs * (N - 1)) < 5
+    assert m["course_request_queue_time_seconds_sum"] < m["course_time_to_first_token_seconds_sum"]
+    assert m["course_request_success_total{finished_reason=length}"] == seqs
+    assert m["course_requests_total{finish_reason=length}"] == seqs
+    assert m["course_generation_tokens_total"] == seqs * N == m["course_request_generation_tokens_sum"]
+    assert m["course_prompt_tokens_total"] == m["course_request_prompt_tokens_sum"] > 0
+    assert m["course_request_prompt_tokens_count"] == 3  # prompts, not samples
+    for gauge in ("num_requests_waiting", "num_requests_running", "num_requests_swapped", "requests_in_server",
+                  "kv_cache_bytes_used", "kv_cache_bytes_reserved", "kv_cache_usage_perc"):  # fmt: skip
         assert m[f"course_{gauge}"] == 0, gauge
-    assert m["course_kv_cache_bytes_reserved"] == 0
+    assert m["course_num_preemptions_total"] == 0 and m["course_prefix_cache_queries_total"] == 0
+
+
+def test_kv_usage_preemption_and_prefix_cache_metrics(refs):
+    """A paged engine with room for one long request at a time: its KV usage while it runs, the preemptions
+    two of them force, and the prefix cache hits of a repeated prompt."""
+    engine = Engine("tiny-target", kv_cache="paged", prefix_caching=True, config=SchedulerConfig(max_kv_tokens=160))
+    prompt = list(range(20, 100))  # 80 tokens: 5 blocks of 16
+    body = {"prompt": prompt, "max_tokens": 60, "temperature": 0, "ignore_eos": True}
+
+    async def two(url):
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            return await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(2)))
+
+    with serve(engine) as h, httpx.Client(base_url=h.url, timeout=60) as c:
+        with c.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
+            lines = r.iter_lines()
+            for _ in range(3):
+                next(lines)
+            live = metric_values(h)
+            assert 0 < live["course_kv_cache_usage_perc"] <= 1 and live["course_num_requests_running"] == 1
+        assert kv_idle(h)
+        assert all(r.status_code == 200 for r in asyncio.run(two(h.url)))  # 2 × 140 tokens > 160: preempted
+        m = metric_values(h)
+        assert m["course_num_preemptions_total"] >= 1
+        assert m["course_prefix_cache_hits_total"] > 0  # the same prompt again: its full blocks are cached
+        assert m["course_prefix_cache_queries_total"] >= m["course_prefix_cache_hits_total"]
+        assert m["course_kv_cache_usage_perc"] == 0 and m["course_kv_cache_bytes_used"] == 0
+
+
+def test_engine_core_counts_swapped_sequences(engine):
+    from course_lib.serving.server.core import EngineCore
+
+    swap = Engine(
+        engine.hf_model, engine.tokenizer, kv_cache="paged", block_size=4,
+        config=SchedulerConfig(max_kv_tokens=48, preemption="swap"),
+    )  # fmt: skip
+    core = EngineCore(swap)
+    for i in range(3):
+        core.add(f"r{i}", list(range(10 + i, 22 + i)), SamplingParams(max_new_tokens=20, ignore_eos=True))
+    seen = 0
+    while swap.has_unfinished():
+        core.step()
+        g = core.gauges()
+        seen = max(seen, g["swapped"])
+        assert g["waiting"] + g["running"] + g["swapped"] <= 3 and 0 <= g["kv_usage"] <= 1
+    assert seen >= 1 and core.gauges()["preemptions"] >= 1
 
 
 def test_clean_stop_and_engine_ownership(engine):
@@ -443,11 +496,11 @@ def test_engine_process_serves_the_same_text_and_stops_clean(refs):
                     seen += line.startswith("data: ")
                     if seen == 3:
                         break
-                assert metric_values(h)["course_requests_running"] == 1
+                assert metric_values(h)["course_num_requests_running"] == 1
             assert kv_idle(h)  # the disconnect aborted it in the child and freed its KV
         m = metric_values(h)
         assert m["course_requests_total{finish_reason=abort}"] == 1
-        assert m["course_kv_cache_bytes_used"] == 0 and m["course_requests_running"] == 0
+        assert m["course_kv_cache_bytes_used"] == 0 and m["course_num_requests_running"] == 0
         assert proc.steps > 0 and proc.step_errors == 0
         with pytest.raises(ValueError, match="picklable"):
             proc.call(lambda e: 1)

@@ -55,6 +55,7 @@ class TokenEvent:
     finish_reason: str | None = None  # "eos", "length" or "stop" on the request's last token
     logprob: float | None = None  # with params.logprobs set: the token's raw log-probability
     top_logprobs: tuple | None = None  # ... and the ((token id, log-prob), ...) of the params.logprobs most likely
+    first_scheduled: float | None = None  # on a sequence's first token: when it was first scheduled (queue time)
 
 
 @dataclass
@@ -265,8 +266,8 @@ class Engine:
                 )
             params = dataclasses.replace(params, max_new_tokens=room)
         V = self.model.vocab_size
-        if any(not 0 <= t < V for t, _ in params.logit_bias):
-            bad = [t for t, _ in params.logit_bias if not 0 <= t < V]
+        bad = [t for t, _ in params.logit_bias if not 0 <= t < V]
+        if bad:
             raise ValueError(f"logit_bias has token ids outside the vocabulary [0, {V}): {bad[:5]}")
         if params.logprobs is not None and params.logprobs > V:
             raise ValueError(f"logprobs={params.logprobs} exceeds the vocabulary size {V}")
@@ -329,7 +330,8 @@ class Engine:
             seq.token_times.append(now)
             reason = self._finish_reason(seq, tok)
             index = seq.num_output_tokens - 1
-            events.append(TokenEvent(seq.request_id, tok, now, index, reason is not None, reason, lp, top))
+            first = seq.first_scheduled if index == 0 else None
+            events.append(TokenEvent(seq.request_id, tok, now, index, reason is not None, reason, lp, top, first))
             if reason is not None:
                 self.scheduler.finish(seq, reason, now)
                 self._live.pop(seq.request_id, None)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from course_lib.engine.parallel_sampling import sample_ids
 from course_lib.engine.sampling import SamplingParams
+from course_lib.engine.sequence import SequenceStatus
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ class EngineCore:
         self.steps = 0
         self.errors = 0
         self.step_seconds = 0.0  # time spent inside engine.step(), summed
+        self._start = self._totals()  # the engine's counters may predate this server
 
     def add(self, rid: str, prompt, params: SamplingParams) -> tuple:
         try:
@@ -83,12 +85,36 @@ class EngineCore:
             items.append(("token", rid, ev, last))
         return items
 
-    def gauges(self) -> tuple:
-        """(waiting, running, KV bytes used, KV bytes reserved, steps, step errors, step seconds)."""
+    def _totals(self) -> dict:
+        b = self.engine.backend
+        return {
+            "preemptions": self.engine.scheduler.num_preemptions,
+            "prefix_queries": getattr(b, "prefix_queries", 0),
+            "prefix_hits": getattr(b, "prefix_hits", 0),
+        }
+
+    def gauges(self) -> dict:
+        """The engine's state now: queue lengths, KV usage, the counters since this core started (preemptions,
+        prefix-cache tokens queried and hit) and the loop's own (steps, step errors, step seconds)."""
         e = self.engine
-        s = e.scheduler
-        kv = (e.backend.bytes_used(), e.backend.bytes_reserved())
-        return (len(s.waiting), len(s.running), *kv, self.steps, self.errors, self.step_seconds)
+        s, b = e.scheduler, e.backend
+        swapped = sum(1 for seq in s.waiting if seq.status is SequenceStatus.SWAPPED)
+        g = {"waiting": len(s.waiting) - swapped, "running": len(s.running), "swapped": swapped}
+        g |= {"kv_used": b.bytes_used(), "kv_reserved": b.bytes_reserved(), "kv_usage": kv_usage(b)}
+        g |= {k: v - self._start[k] for k, v in self._totals().items()}
+        return g | {"steps": self.steps, "errors": self.errors, "step_seconds": self.step_seconds}
+
+
+def kv_usage(backend) -> float:
+    """The fraction of the KV cache reserved by live sequences: blocks in use (paged; cached free blocks
+    count as free, as vLLM counts them) or rows in use (contiguous); 0 for a backend that stores none."""
+    blocks = getattr(backend, "blocks", None)
+    if blocks is not None and getattr(blocks, "num_blocks", 0):
+        return blocks.num_used / blocks.num_blocks
+    rows, max_len = getattr(backend, "max_seqs", 0), getattr(backend, "max_len", 0)
+    if rows and max_len and getattr(backend, "stores_kv", False):
+        return backend.bytes_reserved() / (rows * max_len * backend.bytes_per_token)
+    return 0.0
 
 
 def route(sinks: dict, items: list[tuple], abort: Callable[[str], None]) -> None:

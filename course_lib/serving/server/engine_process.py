@@ -221,8 +221,8 @@ class EngineProcess:
         items = [("token", it[1], TokenEvent(*it[2]), it[3]) if it[0] == "token" else it for it in items]
         route(self._sinks, items, self.abort)
 
-    def _gauges(self, g: tuple) -> None:
-        self.steps, self.step_errors, self.step_seconds = g[4:]
+    def _gauges(self, g: dict) -> None:
+        self.steps, self.step_errors, self.step_seconds = g["steps"], g["errors"], g["step_seconds"]
         set_gauges(self.metrics, g)
 
 

@@ -29,6 +29,7 @@ class Choice:
     logprobs: list = field(default_factory=list)  # (token id, log-prob, top ((id, log-prob), ...)) per token
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None  # the engine's, once finished
+    scheduled: float | None = None  # when the engine first scheduled it
 
     @property
     def finished(self) -> bool:
@@ -92,6 +93,8 @@ class Job:
             _, rid, n_tokens = await self._next()
             self.prompt_tokens[self.rids.index(rid)] = n_tokens
         self.state.metrics.prompt_tokens.inc(sum(self.prompt_tokens))
+        for n in self.prompt_tokens:
+            self.state.metrics.prompt_hist.observe(n)
 
     async def events(self) -> AsyncIterator[tuple[Choice, str, object]]:
         """(choice, text delta, TokenEvent) per generated token, in the order the engine made them."""
@@ -99,6 +102,8 @@ class Job:
             _, rid, ev, last = await self._next()
             choice = self.choices[ev.request]
             self.state.metrics.token(ev, self.arrival, choice.token_times[-1] if choice.token_times else None)
+            if ev.first_scheduled is not None:
+                choice.scheduled = ev.first_scheduled
             choice.token_times.append(ev.time)
             choice.token_ids.append(ev.token_id)
             if ev.logprob is not None:
@@ -131,7 +136,7 @@ class Job:
         for rid in self.live:
             s.loop.abort(rid)  # every sample of that prompt
         for c in self.choices.values():
-            s.metrics.finished(c.finish_reason or reason or "abort", c.token_times, self.arrival)
+            s.metrics.finished(c.finish_reason or reason or "abort", c.token_times, self.arrival, c.scheduled)
         s.in_server -= self.plan.num_seqs
         s.metrics.in_server.set(s.in_server)
 
