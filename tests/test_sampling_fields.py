@@ -149,3 +149,28 @@ def test_bad_values_the_engine_checks(target):
         target.add_request(PROMPT, SamplingParams(max_new_tokens=2), request_id="busy")
     target.abort("busy")
     assert not target.has_unfinished()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"prefix_caching": True},  # forked blocks are named and cached like any others
+        {"config": SchedulerConfig(max_kv_tokens=64, preemption="swap")},  # forks swapped out and back in
+        {"config": SchedulerConfig(max_kv_tokens=64, preemption="recompute")},  # forks recomputed from their tokens
+    ],
+)
+def test_forks_under_prefix_caching_and_preemption(target, kwargs):
+    params = SamplingParams(temperature=1.0, seed=21, max_new_tokens=14, ignore_eos=True, n=3)
+    prompt = list(range(30, 50))  # 20 tokens: 3 samples × 34 tokens do not fit in 64 at once
+    free, _ = run(Engine(target.hf_model, target.tokenizer, kv_cache="paged", block_size=4), prompt, params)
+    engine = Engine(target.hf_model, target.tokenizer, kv_cache="paged", block_size=4, **kwargs)
+    out, _ = run(engine, prompt, params)
+    again, _ = run(engine, prompt, params, request_id="s")  # a second time: prefix hits, if cached
+    assert [out[i] for i in sample_ids("r", 3)] == [free[i] for i in sample_ids("r", 3)]
+    assert [again[i] for i in sample_ids("s", 3)] == [free[i] for i in sample_ids("r", 3)]
+    if "config" in kwargs:
+        assert engine.scheduler.num_preemptions > 0
+    else:
+        assert engine.backend.prefix_hits > 0
+    assert engine.backend.bytes_used() == 0
+    engine.backend.blocks.check_no_leaks()

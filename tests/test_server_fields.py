@@ -207,7 +207,7 @@ CHAT = [{"role": "user", "content": "hi"}]
         ),
         ("chat", {"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages[0].name", "unsupported"),
         ("chat", {"messages": CHAT, "tool_choice": "auto"}, "tool_choice", "unsupported field"),
-        ("chat", {"messages": CHAT, "response_format": {"type": "json_object"}}, "response_format", "json_object"),
+        ("chat", {"messages": CHAT, "response_format": {"type": "xml"}}, "response_format", "'xml' is not supported"),
         ("chat", {"messages": CHAT, "best_of": 2}, "best_of", "unsupported field"),
         ("c", {"n": 0}, "n", "n must be an int ≥ 1"),
         ("c", {"n": "two"}, "n", "n"),

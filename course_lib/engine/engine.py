@@ -6,7 +6,7 @@
         for event in engine.step():        # schedule → one forward over the flat batch → sample → postprocess
             print(event.request, event.token_id, event.time)
 
-``generate`` / ``events`` / ``stream`` are thin wrappers around that loop, and ``beam_search`` (in
+``generate`` / ``events`` / ``stream`` are thin wrappers around that loop (``generation.py``), and ``beam_search`` (in
 ``beam_search.py``) drives the same forward and KV storage directly. Every emitted token carries the
 ``time.perf_counter()`` at which its id reached the host (``.tolist()`` waits for the device), so
 TTFT/TPOT/throughput come from real events. Requests may be added between steps: with the ``continuous``
@@ -20,52 +20,26 @@ import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator
 from collections.abc import Sequence as SequenceABC
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from course_lib.engine.attention import AttentionBackend, ContiguousBackend, NoCacheBackend
+from course_lib.engine import generation as _gen
+from course_lib.engine.attention import AttentionBackend, ContiguousBackend
 from course_lib.engine.beam_search import beam_search as _beam_search
+from course_lib.engine.generation import GenerationResult  # noqa: F401 - the engine's result type, named here too
 from course_lib.engine.layers import SkinnyLinear
 from course_lib.engine.model import LlamaEngineModel, check_supported
 from course_lib.engine.parallel_sampling import fork_samples, sample_ids
 from course_lib.engine.sampler import Sampler
 from course_lib.engine.sampling import SamplingParams
 from course_lib.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from course_lib.engine.sequence import Sequence
-from course_lib.measure.metrics import RequestTrace
+from course_lib.engine.sequence import Sequence, TokenEvent
+from course_lib.engine.structured import Grammars  # TokenEvent: what step() returns, named here too
 
 LINEAR_CHOICES = ("auto", "reference", "skinny")
 KV_CACHE_CHOICES = ("contiguous", "paged")
-
-
-@dataclass
-class TokenEvent:
-    """One generated token as it happens: which request, which token, when."""
-
-    request: str | int
-    token_id: int
-    time: float
-    index: int  # 0 for the first generated token of that request
-    finished: bool = False
-    finish_reason: str | None = None  # "eos", "length" or "stop" on the request's last token
-    logprob: float | None = None  # with params.logprobs set: the token's raw log-probability
-    top_logprobs: tuple | None = None  # ... and the ((token id, log-prob), ...) of the params.logprobs most likely
-    first_scheduled: float | None = None  # on a sequence's first token: when it was first scheduled (queue time)
-
-
-@dataclass
-class GenerationResult:
-    request_id: str | int
-    prompt_ids: list[int]
-    output_ids: list[int]  # generated ids; ends with EOS when finish_reason == "eos"
-    text: str
-    finish_reason: str  # "eos", "length" or "stop"
-    trace: RequestTrace
 
 
 class Engine:
@@ -160,6 +134,7 @@ class Engine:
         self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         self.sampler = Sampler(self.eos_ids)
         self._live: dict[str | int, Sequence] = {}  # unfinished requests by id
+        self._grammars: Grammars | None = None
         self._auto_ids = itertools.count()
 
     # ---------------------------------------------------------------- inputs
@@ -271,6 +246,7 @@ class Engine:
             raise ValueError(f"logit_bias has token ids outside the vocabulary [0, {V}): {bad[:5]}")
         if params.logprobs is not None and params.logprobs > V:
             raise ValueError(f"logprobs={params.logprobs} exceeds the vocabulary size {V}")
+        grammar = self.grammars.grammar(params.structured) if params.structured is not None else None
         if request_id is None:
             request_id = next(self._auto_ids)
             while any(r in self._live for r in sample_ids(request_id, params.n)):
@@ -278,9 +254,17 @@ class Engine:
         elif any(r in self._live for r in sample_ids(request_id, params.n)):
             raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request (or its samples)")
         seq = Sequence(request_id, ids, params, time.perf_counter() if arrival is None else arrival, self.device)
+        seq.grammar = grammar
         self._live[request_id] = seq
         self.scheduler.add(seq)
         return seq
+
+    @property
+    def grammars(self) -> Grammars:
+        """The grammar compiler of structured requests (``structured.py``), built on first use."""
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer, self.model.vocab_size, sorted(self.eos_ids))
+        return self._grammars
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -328,6 +312,8 @@ class Engine:
                 seq.cumulative_logprob += lp
             seq.token_ids.append(tok)
             seq.token_times.append(now)
+            if seq.grammar is not None:
+                seq.grammar.accept(tok)
             reason = self._finish_reason(seq, tok)
             index = seq.num_output_tokens - 1
             first = seq.first_scheduled if index == 0 else None
@@ -383,117 +369,12 @@ class Engine:
         """Bytes of KV cache holding tokens vs reserved for the live sequences."""
         return {"used": self.backend.bytes_used(), "reserved": self.backend.bytes_reserved()}
 
-    # ---------------------------------------------------------------- wrappers
-    @contextmanager
-    def _backend(self, use_kv_cache: bool):
-        """Temporarily swap in the no-cache backend (chapter 05's baseline); the engine must be idle."""
-        if use_kv_cache:
-            yield
-            return
-        if self.has_unfinished():
-            raise RuntimeError("use_kv_cache=False needs an idle engine: finish or abort the running requests first")
-        saved = self.backend
-        self.backend = self.scheduler.backend = NoCacheBackend(self.config.max_model_len)
-        try:
-            yield
-        finally:
-            self.backend = self.scheduler.backend = saved
-
-    def _params_list(self, params, n: int) -> list[SamplingParams]:
-        if params is None or isinstance(params, SamplingParams):
-            plist = [self._check_params(params or SamplingParams())] * n
-        elif isinstance(params, (list, tuple)):
-            if len(params) != n:
-                raise ValueError(f"params is a list of {len(params)} SamplingParams but there are {n} prompts")
-            plist = [self._check_params(p, f"params[{i}]") for i, p in enumerate(params)]
-        else:
-            raise ValueError(
-                f"params must be a SamplingParams or a list of one per prompt, got {type(params).__name__}"
-            )
-        if any(p.n > 1 for p in plist):  # results are one per prompt here
-            raise ValueError("params.n > 1: drive add_request/step (see parallel_sampling.sample_ids) for n samples")
-        return plist
-
-    def events(
-        self,
-        ids: list[list[int]],
-        params: SamplingParams | list[SamplingParams] | None = None,
-        use_kv_cache: bool = True,
-        arrival: float | None = None,
-    ) -> Iterator[TokenEvent]:
-        """Run these prompts (token ids) to completion, yielding each token as soon as it is on the host.
-        ``event.request`` is the prompt's index. Needs an engine with no other unfinished requests."""
-        plist = self._params_list(params, len(ids))
-        for p in plist:
-            self.check_fits(ids, p.max_new_tokens)
-        if self.has_unfinished():
-            raise RuntimeError(
-                "generate/events need an idle engine; drive add_request/step yourself to mix them with other requests"
-            )
-        arrival = time.perf_counter() if arrival is None else arrival
-        with self._backend(use_kv_cache):
-            for i, (p_ids, p) in enumerate(zip(ids, plist)):
-                self.add_request(p_ids, p, request_id=i, arrival=arrival)
-            try:
-                while self.has_unfinished():
-                    yield from self.step()
-            finally:
-                for rid in list(self._live):  # the caller stopped early: free what is left
-                    self.abort(rid)
-
-    def generate(
-        self,
-        prompts,
-        params: SamplingParams | list[SamplingParams] | None = None,
-        *,
-        use_kv_cache: bool = True,
-        on_token: Callable[[TokenEvent], None] | None = None,
-    ) -> list[GenerationResult]:
-        """Generate for every prompt (one ``SamplingParams`` for all, or a list with one per prompt);
-        results in prompt order, each with its trace."""
-        arrival = time.perf_counter()
-        ids = self.encode(prompts)
-        plist = self._params_list(params, len(ids))
-        outputs: list[list[int]] = [[] for _ in ids]
-        times: list[list[float]] = [[] for _ in ids]
-        reasons: list[str] = ["length"] * len(ids)
-        for ev in self.events(ids, plist, use_kv_cache, arrival):
-            outputs[ev.request].append(ev.token_id)
-            times[ev.request].append(ev.time)
-            if ev.finish_reason:
-                reasons[ev.request] = ev.finish_reason
-            if on_token is not None:
-                on_token(ev)
-        results = []
-        for i, (p, out) in enumerate(zip(ids, outputs)):
-            trace = RequestTrace(
-                request_id=i,
-                arrival=arrival,
-                prompt_tokens=len(p),
-                token_times=times[i],
-                finish=times[i][-1] if times[i] else None,
-            )
-            text = self.tokenizer.decode(out, skip_special_tokens=True)
-            if reasons[i] == "stop":  # cut the text before the stop string, as the OpenAI API does
-                cut = min((text.find(s) for s in plist[i].stop if s in text), default=len(text))
-                text = text[:cut]
-            results.append(GenerationResult(i, p, out, text, reasons[i], trace))
-        return results
-
-    def stream(self, prompt: str, params: SamplingParams | None = None) -> Iterator[tuple[str, TokenEvent]]:
-        """Yield (text piece, event) per token of one prompt, decoding text incrementally."""
-        params = params or SamplingParams()
-        ids = self.encode([prompt])
-        out: list[int] = []
-        shown = ""
-        for ev in self.events(ids, params):
-            out.append(ev.token_id)
-            text = self.tokenizer.decode(out, skip_special_tokens=True)
-            if text.endswith("\ufffd") and not ev.finished:
-                piece = ""  # a multi-byte character is split across tokens: wait for its other bytes
-            else:
-                piece, shown = text[len(shown) :], text
-            yield piece, ev
+    # ---------------------------------------------------------------- wrappers: generation.py
+    _backend = _gen.swap_backend  # (use_kv_cache): the no-cache baseline's backend, for the run of a wrapper
+    _params_list = _gen.params_list
+    events = _gen.events  # (ids, params, use_kv_cache, arrival): every token of these prompts as it happens
+    generate = _gen.generate  # (prompts, params, *, use_kv_cache, on_token) -> [GenerationResult]
+    stream = _gen.stream  # (prompt, params): (text piece, event) per token
 
     # ---------------------------------------------------------------- beam search
     beam_search = _beam_search  # (prompt, num_beams=4, max_new_tokens=32, ...): beam_search.py, on this engine

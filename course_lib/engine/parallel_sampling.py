@@ -40,6 +40,7 @@ def fork_samples(engine, seq: Sequence) -> list[Sequence]:
         child = Sequence(sample_id(seq.request_id, j), seq.prompt_ids, params, seq.arrival, engine.device)
         child.parent = seq.request_id
         child.first_scheduled = seq.first_scheduled
+        child.grammar = seq.grammar.fresh() if seq.grammar is not None else None
         shares = (
             backend.stores_kv
             and len(scheduler.running) < engine.config.max_num_seqs

@@ -8,7 +8,8 @@ Draws use the exponential race, ``argmax(p / E)`` with ``E ~ Exp(1)``, which pic
 probability p_i (as vLLM does): each seeded row draws its ``E`` from its own generator, so a row gives
 the same tokens whatever else is in the batch. ``return_probs`` also returns the distribution each
 token was drawn from, which chapter 04's speculative rejection rule needs. Before the penalties come
-OpenAI's ``logit_bias`` (added to the logits) and vLLM's ``min_tokens`` (EOS masked until that many tokens
+a structured request's grammar mask (``structured.py``), OpenAI's ``logit_bias`` (added to the logits) and
+vLLM's ``min_tokens`` (EOS masked until that many tokens
 are out); rows with ``params.logprobs`` set also get the log-probability of their token and of the top
 ``logprobs`` alternatives, taken from the raw logits before any of these steps (vLLM's default, "raw
 logprobs"): what the model believed, not what the filters left. Introduced in 02_metrics_1_latency.ipynb.
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from course_lib.engine.sampling import SamplingParams, apply_penalties
+from course_lib.engine.structured import mask_rows
 
 
 def is_penalised(params: SamplingParams) -> bool:
@@ -124,7 +126,7 @@ class Sampler:
             raise ValueError(f"logits must be (B, V) with B = len(seqs) = {len(seqs)}, got {tuple(logits.shape)}")
         params = [s.params for s in seqs]
         raw = logits = logits.float()
-        logits = bias_rows(logits, seqs, self.eos_ids)
+        logits = bias_rows(mask_rows(logits, seqs), seqs, self.eos_ids)  # grammar first, then bias and min_tokens
         penalised = [b for b, p in enumerate(params) if is_penalised(p)]
         if penalised:
             logits = logits.clone() if logits is raw else logits

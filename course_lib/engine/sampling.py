@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from course_lib.engine.structured import check_spec
+
 
 def _check_float(
     name: str,
@@ -56,6 +58,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs added to the logits (OpenAI); a dict works
     logprobs: int | None = None  # report the sampled token's log-prob and this many top alternatives (0 = none)
     n: int = 1  # independent samples of the prompt: Engine forks the sequence once its prompt is done
+    structured: str | None = None  # "json" or a JSON schema (a JSON string): grammar-constrained (structured.py)
     seed: int | None = None  # build ONE generator per request: make_generator(seed)
     ignore_eos: bool = False
     num_beams: int = 1  # > 1 = beam search, deterministic only (temperature 0)
@@ -89,6 +92,13 @@ class SamplingParams:
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, lo=0, allowed="None or an int ≥ 0 (top alternatives per token)")
         _check_int("n", self.n, lo=1, allowed="an int ≥ 1 (samples of the prompt)")
+        if self.structured is not None:
+            check_spec(self.structured)
+            if self.ignore_eos or self.min_tokens:
+                raise ValueError(
+                    "SamplingParams.structured ends the answer with EOS once the document is complete: it cannot "
+                    f"go with ignore_eos={self.ignore_eos} or min_tokens={self.min_tokens}"
+                )
         if self.seed is not None:
             _check_int("seed", self.seed, lo=0, allowed="None or an int ≥ 0")
         if not isinstance(self.ignore_eos, bool):

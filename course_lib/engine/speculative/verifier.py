@@ -87,7 +87,7 @@ class SpeculativeDecoder:
         for i, p in enumerate(plist):
             if p.stop:
                 raise ValueError(f"params[{i}].stop: stop strings are not supported by SpeculativeDecoder")
-            unsupported = [name for name in ("logit_bias", "min_tokens") if getattr(p, name)]
+            unsupported = [name for name in ("logit_bias", "min_tokens", "structured") if getattr(p, name)]
             unsupported += ["logprobs"] * (p.logprobs is not None) + ["max_new_tokens=None"] * (
                 p.max_new_tokens is None
             )

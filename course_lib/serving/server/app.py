@@ -1,6 +1,7 @@
 """The FastAPI app and its routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (OpenAI's
 request and chunk formats: ``n`` and ``best_of``, ``logprobs``, ``echo``, list prompts, list-form chat
-content, penalties, ``logit_bias``, ``stream`` with ``stream_options.include_usage``; vLLM's ``top_k``,
+content, penalties, ``logit_bias``, ``response_format`` (json_object, json_schema: grammar-constrained, see
+``engine/structured.py``), ``stream`` with ``stream_options.include_usage``; vLLM's ``top_k``,
 ``min_p``, ``repetition_penalty``, ``min_tokens`` and ``ignore_eos``; any other field is refused by name,
 see ``params``), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus). The HTTP side only
 parses, admits (429 past ``max_queue`` sequences), detokenizes and writes server-sent events; the engine

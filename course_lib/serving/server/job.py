@@ -77,6 +77,7 @@ class Job:
             if status == 400:  # the engine's words for one prompt, in the API's
                 where = f"prompt[{self.rids.index(item[1])}]" if len(self.rids) > 1 else "the prompt"
                 message = message.replace("prompts[0]", where).replace("max_new_tokens", "max_tokens")
+                message = message.replace("SamplingParams.structured", "response_format")
             param = engine_param(message) if status == 400 else None
             code = "context_length_exceeded" if status == 400 and "context window" in message else None
             raise RequestFailure(status, message, "error", param, code)

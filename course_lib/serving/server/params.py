@@ -5,6 +5,7 @@ name (``param``) when its value is bad or the server does not implement it. Intr
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -68,6 +69,22 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
     return out
 
 
+def _structured(rf) -> str | None:
+    """``response_format`` → ``SamplingParams.structured``: None (text), "json" (json_object) or the schema."""
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        return "json"
+    if rf.type == "json_schema":
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise bad("response_format of type 'json_schema' needs json_schema.schema", "response_format")
+        return json.dumps(rf.json_schema.schema_)
+    raise bad(
+        f"response_format type {rf.type!r} is not supported; use 'text', 'json_object' or 'json_schema'",
+        "response_format",
+    )
+
+
 def _prompts(body: CompletionRequest) -> list:
     p = body.prompt
     if isinstance(p, str) or (p and isinstance(p[0], int)):
@@ -105,13 +122,7 @@ def plan(body, tokenizer, model_name: str, *, max_queue: int) -> Plan:
         raise bad("stream_options is only allowed with stream=true", "stream_options")
     if chat:
         prompts = [render_chat(messages, tokenizer)]
-        if body.response_format is not None and body.response_format.type != "text":
-            raise bad(
-                f"unsupported field 'response_format' of type {body.response_format.type!r}: only 'text' is implemented",
-                "response_format",
-                400,
-                "unsupported_parameter",
-            )
+        structured = _structured(body.response_format)
         if body.top_logprobs is not None and not body.logprobs:
             raise bad("top_logprobs needs logprobs=true", "top_logprobs")
         logprobs = _count("top_logprobs", body.top_logprobs, 0, MAX_LOGPROBS) if body.logprobs else None
@@ -119,6 +130,7 @@ def plan(body, tokenizer, model_name: str, *, max_queue: int) -> Plan:
         max_name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         echo, best_of = False, None
     else:
+        structured = None
         prompts = _prompts(body)
         logprobs = None if body.logprobs is None else _count("logprobs", body.logprobs, 0, MAX_LOGPROBS)
         max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
@@ -166,6 +178,7 @@ def plan(body, tokenizer, model_name: str, *, max_queue: int) -> Plan:
         max_new_tokens=max_tokens,
         ignore_eos=bool(body.ignore_eos),
         n=samples,
+        structured=structured,
         # best_of ranks the samples by their summed log-prob, so the engine keeps it even if not answered
         logprobs=logprobs if logprobs is not None else (0 if samples > n else None),
     )
@@ -186,6 +199,8 @@ def _engine_message(message: str, max_name: str) -> tuple[str, str | None]:
         return message.replace("max_new_tokens", max_name), max_name
     if name == "min_tokens":
         message = message.replace("max_new_tokens", max_name)
+    if name == "structured":
+        return message.replace("structured", "response_format"), "response_format"
     return message, name
 
 
@@ -193,6 +208,9 @@ def engine_param(message: str) -> str | None:
     """The request field an engine's ``add_request`` refusal is about (its message names it)."""
     for words, name in (
         ("logit_bias", "logit_bias"),
+        ("response_format", "response_format"),
+        ("structured", "response_format"),
+        ("xgrammar", "response_format"),
         ("context window", "max_tokens"),
         ("KV storage", "max_tokens"),
         ("could never run", "prompt"),

@@ -7,7 +7,7 @@ Introduced in 06_batching_serving.ipynb."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 # OpenAI names two finish reasons; the engine's "eos" (end of sequence) is OpenAI's "stop"
 OPENAI_REASON = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -69,8 +69,16 @@ class ChatMessage(_Body):
     content: str | list[ContentPart] | None = None
 
 
+class JsonSchemaFormat(_Body):
+    name: str | None = None
+    schema_: dict | None = Field(None, alias="schema")  # "schema" would shadow BaseModel.schema
+    description: str | None = None
+    strict: bool | None = None  # the schema is always enforced here: strict or not
+
+
 class ResponseFormat(_Body):
-    type: str
+    type: str  # "text", "json_object" or "json_schema"
+    json_schema: JsonSchemaFormat | None = None
 
 
 class ChatRequest(_CommonRequest):
