@@ -158,7 +158,8 @@ def plan(body, tokenizer, model_name: str, *, max_queue: int) -> Plan:
             name,
         )
     if max_tokens is not None and not (isinstance(max_tokens, int) and max_tokens >= 1):
-        raise bad(f"{max_name} must be an int ≥ 1 (or null: until the context ends), got {max_tokens!r}", max_name)
+        default = "the rest of the context" if chat else DEFAULT_MAX_TOKENS
+        raise bad(f"{max_name} must be an int ≥ 1 (or null: {default}), got {max_tokens!r}", max_name)
     top_k = -1 if body.top_k is None else body.top_k
     if top_k == -1:
         top_k = 0  # vLLM's "off"
