@@ -13,7 +13,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 httpx = pytest.importorskip("httpx")
 
-from course_lib.engine import Engine, SamplingParams  # noqa: E402
+from course_lib.engine import Engine, SamplingParams, SchedulerConfig  # noqa: E402
 from course_lib.measure.metrics import SLO  # noqa: E402
 from course_lib.serving.loadgen import (  # noqa: E402
     TimedRequest,
@@ -157,11 +157,11 @@ def test_openai_client(server, refs):
         ("{not json", 400, "not valid JSON"),
         ({}, 400, "prompt"),
         ({"prompt": 3}, 400, "prompt"),
-        ({"prompt": ["a", "b"]}, 400, "prompt"),
+        ({"prompt": ["a", 2]}, 400, "prompt"),
         ({"prompt": PROMPT, "max_tokens": 0}, 400, "max_tokens"),
         ({"prompt": PROMPT, "temperature": -1}, 400, "temperature"),
         ({"prompt": PROMPT, "top_p": 0}, 400, "top_p"),
-        ({"prompt": PROMPT, "n": 2}, 400, "n=2"),
+        ({"prompt": PROMPT, "n": 0}, 400, "n must be"),
         ({"prompt": PROMPT, "model": "gpt-4"}, 404, "gpt-4"),
         ({"prompt": [5] * 1020, "max_tokens": 16}, 400, "context window"),
         ({"prompt": [10**9]}, 400, "token ids"),
@@ -182,6 +182,65 @@ def test_malformed_bodies_are_4xx(server, body, status, words):
     assert metric_values(server)["course_requests_in_server"] == 0
 
 
+def is_openai_error(body: dict, status_type: str) -> bool:
+    err = body["error"]
+    return (
+        set(err) == {"message", "type", "param", "code"}
+        and err["type"] == status_type
+        and isinstance(err["code"], str)
+        and isinstance(err["message"], str)
+        and (err["param"] is None or isinstance(err["param"], str))
+    )
+
+
+@pytest.mark.parametrize(
+    "method, path, body, status, kind, code, param",
+    [
+        ("POST", "/v1/completions", "{oops", 400, "invalid_request_error", "invalid_json", None),
+        ("POST", "/v1/completions", {}, 400, "invalid_request_error", "missing_required_parameter", "prompt"),
+        ("POST", "/v1/completions", {"prompt": PROMPT, "top_p": "x"}, 400, "invalid_request_error", "invalid_type", "top_p"),
+        ("POST", "/v1/completions", {"prompt": PROMPT, "top_p": 0}, 400, "invalid_request_error", "invalid_value", "top_p"),
+        ("POST", "/v1/completions", {"prompt": PROMPT, "functions": []}, 400, "invalid_request_error", "unsupported_parameter", "functions"),
+        ("POST", "/v1/completions", {"prompt": [5] * 1020}, 400, "invalid_request_error", "context_length_exceeded", "max_tokens"),
+        ("POST", "/v1/completions", {"prompt": PROMPT, "model": "gpt-4"}, 404, "invalid_request_error", "model_not_found", "model"),
+        ("POST", "/v1/nothing", {}, 404, "invalid_request_error", "not_found", None),
+        ("GET", "/v1/completions", None, 405, "invalid_request_error", "method_not_allowed", None),
+    ],
+)  # fmt: skip
+def test_error_bodies_have_openai_shape(server, method, path, body, status, kind, code, param):
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        if isinstance(body, str):
+            r = c.request(method, path, content=body, headers={"content-type": "application/json"})
+        else:
+            r = c.request(method, path, json=body)
+    assert r.status_code == status, r.text
+    assert is_openai_error(r.json(), kind), r.json()
+    assert (r.json()["error"]["code"], r.json()["error"]["param"]) == (code, param)
+
+
+def test_openai_client_sees_429_with_retry_after(engine):
+    openai = pytest.importorskip("openai")
+    long = {"prompt": PROMPT, "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True}
+    with serve(engine, max_queue=1) as h, httpx.Client(base_url=h.url, timeout=60) as c:
+        client = openai.OpenAI(base_url=h.openai_base_url, api_key="-", max_retries=0, timeout=60)
+        with c.stream("POST", "/v1/completions", json=long) as r:
+            lines = r.iter_lines()  # kept: dropping the iterator would close the stream
+            next(lines)  # the one place is taken
+            with pytest.raises(openai.RateLimitError) as info:
+                client.completions.create(model="tiny-target", prompt=PROMPT, max_tokens=N)
+        assert int(info.value.response.headers["retry-after"]) >= 1
+        assert info.value.body["code"] == "rate_limit_exceeded" and info.value.body["type"] == "rate_limit_error"
+        client.close()
+        assert kv_idle(h)
+
+
+def test_loadgen_reads_string_and_int_error_codes():
+    from course_lib.serving.loadgen.http_client import _status
+
+    assert _status("timeout", 200) == 504 and _status("service_unavailable", 200) == 503
+    assert _status(500, 200) == 500 and _status(None, 200) == 200 and _status("something_else", 200) == 500
+
+
 def test_burst_above_the_queue_gets_429_and_every_request_is_accounted(engine, refs):
     n_burst, max_queue = 12, 3
 
@@ -198,6 +257,8 @@ def test_burst_above_the_queue_gets_429_and_every_request_is_accounted(engine, r
         assert 1 <= len(ok) and len(rejected) >= 1
         assert all(r.json()["choices"][0]["text"] == refs["text"] for r in ok)
         assert all("max_queue=3" in r.json()["error"]["message"] for r in rejected)
+        assert all(r.json()["error"]["code"] == "rate_limit_exceeded" for r in rejected)
+        assert all(int(r.headers["retry-after"]) >= 1 for r in rejected)  # about one request's latency
         m = metric_values(h)
         assert m["course_requests_total{finish_reason=rejected}"] == len(rejected)
         assert m["course_requests_total{finish_reason=length}"] == len(ok)
@@ -214,7 +275,7 @@ def test_client_disconnect_aborts_and_frees_kv(server, refs):
                 if seen == 3:
                     break
             live = metric_values(server)
-            assert live["course_requests_running"] == 1 and live["course_kv_cache_bytes_used"] > 0
+            assert live["course_num_requests_running"] == 1 and live["course_kv_cache_bytes_used"] > 0
         # leaving the block closed the connection mid-stream
         assert kv_idle(server)
         # a non-streaming client that gives up (read timeout) is aborted too
@@ -236,7 +297,7 @@ def test_timeout_aborts_the_request(engine):
         with c.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
             if r.status_code == 200:  # timed out after the headers: an error event, then [DONE]
                 events = sse(r.iter_lines())
-                assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 504
+                assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "timeout"
             else:  # timed out before the engine had even queued it
                 r.read()
                 assert r.status_code == 504
@@ -267,23 +328,76 @@ def test_engine_error_fails_the_request_not_the_loop(engine, refs, monkeypatch):
 
 
 def test_metrics_after_requests(server):
-    n = 3
+    """vLLM's metric names (course_ for vllm:), per sequence and per token."""
     with httpx.Client(base_url=server.url, timeout=60) as c:
-        for i in range(n):
-            body = {"prompt": PROMPT, "max_tokens": N, "temperature": 0, "ignore_eos": True, "stream": i % 2 == 1}
+        for i in range(3):  # plain, streamed, and two samples of one prompt: 4 sequences
+            body = {"prompt": PROMPT, "max_tokens": N, "temperature": 0, "ignore_eos": True, "stream": i == 1}
+            if i == 2:
+                body |= {"n": 2, "temperature": 1.0, "seed": 0}
             assert c.post("/v1/completions", json=body).status_code == 200
-    m = metric_values(server)
-    assert m["course_time_to_first_token_seconds_count"] == n
-    assert 0 < m["course_time_to_first_token_seconds_sum"] / n < 30
-    assert m["course_time_per_output_token_seconds_count"] == n
-    assert 0 < m["course_time_per_output_token_seconds_sum"] / n < 5
-    assert m["course_e2e_request_latency_seconds_count"] == n
-    assert m["course_requests_total{finish_reason=length}"] == n
-    assert m["course_generation_tokens_total"] == n * N
-    assert m["course_prompt_tokens_total"] > 0
-    for gauge in ("requests_waiting", "requests_running", "requests_in_server", "kv_cache_bytes_used"):
+    m, seqs = metric_values(server), 4
+    for name in ("time_to_first_token", "request_queue_time", "request_prefill_time", "e2e_request_latency",
+                 "request_time_per_output_token", "request_decode_time", "request_inference_time"):  # fmt: skip
+        assert m[f"course_{name}_seconds_count"] == seqs, name
+        assert 0 <= m[f"course_{name}_seconds_sum"] / seqs < 30, name
+    assert m["course_inter_token_latency_seconds_count"] == seqs * (N - 1)  # one per token after the first
+    assert 0 < m["course_inter_token_latency_seconds_sum"] / (seqs * (N - 1)) < 5
+    assert m["course_request_queue_time_seconds_sum"] < m["course_time_to_first_token_seconds_sum"]
+    assert m["course_request_success_total{finished_reason=length}"] == seqs
+    assert m["course_requests_total{finish_reason=length}"] == seqs
+    assert m["course_generation_tokens_total"] == seqs * N == m["course_request_generation_tokens_sum"]
+    assert m["course_prompt_tokens_total"] == m["course_request_prompt_tokens_sum"] > 0
+    assert m["course_request_prompt_tokens_count"] == 3  # prompts, not samples
+    for gauge in ("num_requests_waiting", "num_requests_running", "num_requests_swapped", "requests_in_server",
+                  "kv_cache_bytes_used", "kv_cache_bytes_reserved", "kv_cache_usage_perc"):  # fmt: skip
         assert m[f"course_{gauge}"] == 0, gauge
-    assert m["course_kv_cache_bytes_reserved"] == 0
+    assert m["course_num_preemptions_total"] == 0 and m["course_prefix_cache_queries_total"] == 0
+
+
+def test_kv_usage_preemption_and_prefix_cache_metrics(refs):
+    """A paged engine with room for one long request at a time: its KV usage while it runs, the preemptions
+    two of them force, and the prefix cache hits of a repeated prompt."""
+    engine = Engine("tiny-target", kv_cache="paged", prefix_caching=True, config=SchedulerConfig(max_kv_tokens=160))
+    prompt = list(range(20, 100))  # 80 tokens: 5 blocks of 16
+    body = {"prompt": prompt, "max_tokens": 60, "temperature": 0, "ignore_eos": True}
+
+    async def two(url):
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            return await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(2)))
+
+    with serve(engine) as h, httpx.Client(base_url=h.url, timeout=60) as c:
+        with c.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
+            lines = r.iter_lines()
+            for _ in range(3):
+                next(lines)
+            live = metric_values(h)
+            assert 0 < live["course_kv_cache_usage_perc"] <= 1 and live["course_num_requests_running"] == 1
+        assert kv_idle(h)
+        assert all(r.status_code == 200 for r in asyncio.run(two(h.url)))  # 2 × 140 tokens > 160: preempted
+        m = metric_values(h)
+        assert m["course_num_preemptions_total"] >= 1
+        assert m["course_prefix_cache_hits_total"] > 0  # the same prompt again: its full blocks are cached
+        assert m["course_prefix_cache_queries_total"] >= m["course_prefix_cache_hits_total"]
+        assert m["course_kv_cache_usage_perc"] == 0 and m["course_kv_cache_bytes_used"] == 0
+
+
+def test_engine_core_counts_swapped_sequences(engine):
+    from course_lib.serving.server.core import EngineCore
+
+    swap = Engine(
+        engine.hf_model, engine.tokenizer, kv_cache="paged", block_size=4,
+        config=SchedulerConfig(max_kv_tokens=48, preemption="swap"),
+    )  # fmt: skip
+    core = EngineCore(swap)
+    for i in range(3):
+        core.add(f"r{i}", list(range(10 + i, 22 + i)), SamplingParams(max_new_tokens=20, ignore_eos=True))
+    seen = 0
+    while swap.has_unfinished():
+        core.step()
+        g = core.gauges()
+        seen = max(seen, g["swapped"])
+        assert g["waiting"] + g["running"] + g["swapped"] <= 3 and 0 <= g["kv_usage"] <= 1
+    assert seen >= 1 and core.gauges()["preemptions"] >= 1
 
 
 def test_clean_stop_and_engine_ownership(engine):
@@ -297,7 +411,7 @@ def test_clean_stop_and_engine_ownership(engine):
         next(lines)
         h.stop()  # with a stream still open: it ends with a 503 error event
         events = sse(lines)
-    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 503
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "service_unavailable"
     assert not h.running and not h.engine_loop.alive
     assert {t.ident for t in threading.enumerate()} == before
     assert not engine.has_unfinished() and engine.backend.bytes_used() == 0
@@ -363,6 +477,10 @@ def test_engine_process_serves_the_same_text_and_stops_clean(refs):
             assert stop["text"] == refs["stop"]
             chat = {"messages": [{"role": "user", "content": "Write a loop"}], "max_tokens": N, "temperature": 0}
             assert c.post("/v1/chat/completions", json=chat).json()["choices"][0]["message"]["content"] == refs["chat"]
+            # two samples with log-probs: the TokenEvent's every field crosses the pipe
+            two = c.post("/v1/completions", json=body | {"n": 2, "logprobs": 1, "temperature": 1, "seed": 1}).json()
+            assert [ch["index"] for ch in two["choices"]] == [0, 1]
+            assert all(len(ch["logprobs"]["token_logprobs"]) == N for ch in two["choices"])
             client = OpenAI(base_url=h.openai_base_url, api_key="-")
             pieces = [
                 ch.choices[0].text
@@ -378,11 +496,11 @@ def test_engine_process_serves_the_same_text_and_stops_clean(refs):
                     seen += line.startswith("data: ")
                     if seen == 3:
                         break
-                assert metric_values(h)["course_requests_running"] == 1
+                assert metric_values(h)["course_num_requests_running"] == 1
             assert kv_idle(h)  # the disconnect aborted it in the child and freed its KV
         m = metric_values(h)
         assert m["course_requests_total{finish_reason=abort}"] == 1
-        assert m["course_kv_cache_bytes_used"] == 0 and m["course_requests_running"] == 0
+        assert m["course_kv_cache_bytes_used"] == 0 and m["course_num_requests_running"] == 0
         assert proc.steps > 0 and proc.step_errors == 0
         with pytest.raises(ValueError, match="picklable"):
             proc.call(lambda e: 1)
@@ -402,14 +520,16 @@ def test_engine_process_crash_fails_requests_without_hanging():
             next(lines)
             os.kill(proc.pid, signal.SIGKILL)  # the engine dies mid-stream
             events = sse(lines)
-        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 500
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "engine_error"
         deadline = time.monotonic() + 10
         while proc.alive and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not proc.alive
-        assert c.get("/health").status_code == 503
+        health = c.get("/health")
+        assert health.status_code == 503 and health.json()["error"]["code"] == "service_unavailable"
         r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": N})
         assert r.status_code == 503  # refused at once, not queued forever
+        assert int(r.headers["retry-after"]) > 0 and int(health.headers["retry-after"]) > 0
     assert proc._proc is None
 
 

@@ -6,7 +6,7 @@
         for event in engine.step():        # schedule → one forward over the flat batch → sample → postprocess
             print(event.request, event.token_id, event.time)
 
-``generate`` / ``events`` / ``stream`` are thin wrappers around that loop, and ``beam_search`` (in
+``generate`` / ``events`` / ``stream`` are thin wrappers around that loop (``generation.py``), and ``beam_search`` (in
 ``beam_search.py``) drives the same forward and KV storage directly. Every emitted token carries the
 ``time.perf_counter()`` at which its id reached the host (``.tolist()`` waits for the device), so
 TTFT/TPOT/throughput come from real events. Requests may be added between steps: with the ``continuous``
@@ -20,48 +20,26 @@ import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator
 from collections.abc import Sequence as SequenceABC
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from course_lib.engine.attention import AttentionBackend, ContiguousBackend, NoCacheBackend
+from course_lib.engine import generation as _gen
+from course_lib.engine.attention import AttentionBackend, ContiguousBackend
 from course_lib.engine.beam_search import beam_search as _beam_search
+from course_lib.engine.generation import GenerationResult  # noqa: F401 - the engine's result type, named here too
 from course_lib.engine.layers import SkinnyLinear
 from course_lib.engine.model import LlamaEngineModel, check_supported
+from course_lib.engine.parallel_sampling import fork_samples, sample_ids
 from course_lib.engine.sampler import Sampler
 from course_lib.engine.sampling import SamplingParams
 from course_lib.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from course_lib.engine.sequence import Sequence
-from course_lib.measure.metrics import RequestTrace
+from course_lib.engine.sequence import Sequence, TokenEvent
+from course_lib.engine.structured import Grammars  # TokenEvent: what step() returns, named here too
 
 LINEAR_CHOICES = ("auto", "reference", "skinny")
 KV_CACHE_CHOICES = ("contiguous", "paged")
-
-
-@dataclass
-class TokenEvent:
-    """One generated token as it happens: which request, which token, when."""
-
-    request: str | int
-    token_id: int
-    time: float
-    index: int  # 0 for the first generated token of that request
-    finished: bool = False
-    finish_reason: str | None = None  # "eos", "length" or "stop" on the request's last token
-
-
-@dataclass
-class GenerationResult:
-    request_id: str | int
-    prompt_ids: list[int]
-    output_ids: list[int]  # generated ids; ends with EOS when finish_reason == "eos"
-    text: str
-    finish_reason: str  # "eos", "length" or "stop"
-    trace: RequestTrace
 
 
 class Engine:
@@ -150,12 +128,13 @@ class Engine:
         if not isinstance(self.backend, AttentionBackend):
             raise ValueError(f"backend must be an AttentionBackend, got {type(self.backend).__name__}")
         self.scheduler = Scheduler(config, self.backend)
-        self.sampler = Sampler()
         eos = getattr(model.generation_config, "eos_token_id", None)
         if eos is None:
             eos = tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
+        self.sampler = Sampler(self.eos_ids)
         self._live: dict[str | int, Sequence] = {}  # unfinished requests by id
+        self._grammars: Grammars | None = None
         self._auto_ids = itertools.count()
 
     # ---------------------------------------------------------------- inputs
@@ -185,6 +164,8 @@ class Engine:
         """Reject, before any work, a request the context window or the KV storage can never hold."""
         limit = self.config.max_model_len
         kv_limit = self.backend.max_tokens_per_seq()
+        if max_new_tokens is None:  # until the context ends: the prompt must leave room for one token
+            max_new_tokens = 1
         for i, p in enumerate(ids):
             if len(p) + max_new_tokens > limit:
                 raise ValueError(
@@ -211,6 +192,15 @@ class Engine:
                     f"{self.config.max_num_batched_tokens} with chunked prefill off: it could never run"
                 )
 
+    def room(self, num_prompt_tokens: int) -> int:
+        """Tokens a request with this prompt may generate: what the context window and the KV storage leave."""
+        limits = [self.config.max_model_len, self.backend.max_tokens_per_seq()]
+        if self.config.max_kv_tokens is not None and self.backend.stores_kv:
+            limits.append(self.config.max_kv_tokens)
+        if not (self.config.chunked_prefill and self.backend.stores_kv):
+            limits.append(self.config.max_num_batched_tokens)
+        return min(limits) - num_prompt_tokens
+
     @staticmethod
     def _check_params(params, where: str = "params") -> SamplingParams:
         if not isinstance(params, SamplingParams):
@@ -231,7 +221,9 @@ class Engine:
         arrival: float | None = None,
     ) -> Sequence:
         """Queue one request (a string or token ids); it runs from the next ``step()``. Bad input raises
-        ``ValueError`` here, before anything is queued, and leaves every other request untouched."""
+        ``ValueError`` here, before anything is queued, and leaves every other request untouched.
+        ``params.max_new_tokens=None``: until the context (or KV room) ends; ``params.n > 1``: n samples forked
+        once the prompt is done (``parallel_sampling.py``), sample j's events under ``sample_id(request_id, j)``."""
         params = self._check_params(params or SamplingParams())
         if isinstance(prompt, str) or (
             isinstance(prompt, SequenceABC) and (not prompt or not isinstance(prompt[0], str))
@@ -240,26 +232,52 @@ class Engine:
         else:
             raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         self.check_fits([ids], params.max_new_tokens)
+        if params.max_new_tokens is None:  # until the context (or the KV room) ends, as vLLM's default
+            room = self.room(len(ids))
+            if params.min_tokens > room:
+                raise ValueError(
+                    f"min_tokens={params.min_tokens} exceeds the {room} tokens the context window leaves "
+                    f"after the prompt's {len(ids)}"
+                )
+            params = dataclasses.replace(params, max_new_tokens=room)
+        V = self.model.vocab_size
+        bad = [t for t, _ in params.logit_bias if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"logit_bias has token ids outside the vocabulary [0, {V}): {bad[:5]}")
+        if params.logprobs is not None and params.logprobs > V:
+            raise ValueError(f"logprobs={params.logprobs} exceeds the vocabulary size {V}")
+        grammar = self.grammars.grammar(params.structured) if params.structured is not None else None
         if request_id is None:
             request_id = next(self._auto_ids)
-            while request_id in self._live:
+            while any(r in self._live for r in sample_ids(request_id, params.n)):
                 request_id = next(self._auto_ids)
-        elif request_id in self._live:
-            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
+        elif any(r in self._live for r in sample_ids(request_id, params.n)):
+            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request (or its samples)")
         seq = Sequence(request_id, ids, params, time.perf_counter() if arrival is None else arrival, self.device)
+        seq.grammar = grammar
         self._live[request_id] = seq
         self.scheduler.add(seq)
         return seq
+
+    @property
+    def grammars(self) -> Grammars:
+        """The grammar compiler of structured requests (``structured.py``), built on first use."""
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer, self.model.vocab_size, sorted(self.eos_ids))
+        return self._grammars
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def abort(self, request_id: str | int) -> None:
-        """Drop an unfinished request and free its KV storage."""
-        seq = self._live.pop(request_id, None)
-        if seq is None:
+        """Drop an unfinished request (all its samples, with ``n > 1``) and free its KV storage."""
+        seqs = [s for s in self._live.values() if s.request_id == request_id or s.parent == request_id]
+        if not seqs:
             raise ValueError(f"no unfinished request with id {request_id!r}")
-        self.scheduler.finish(seq, "abort", time.perf_counter())
+        now = time.perf_counter()
+        for seq in seqs:
+            self._live.pop(seq.request_id, None)
+            self.scheduler.finish(seq, "abort", now)
 
     @torch.inference_mode()
     def step(self) -> list[TokenEvent]:
@@ -273,17 +291,33 @@ class Engine:
         done = [seq.num_cached_tokens + n == seq.num_tokens for seq, n in zip(batch.seqs, batch.num_tokens)]
         logits = self.execute(batch, done)  # (M, V): one row per sequence whose prompt is now complete
         to_sample = [seq for seq, d in zip(batch.seqs, done) if d]
-        ids = self.sampler(logits, to_sample).ids.tolist() if to_sample else []  # waits for the device
-        now = time.perf_counter()
         keeps_kv = self.backend.stores_kv
         for seq, n in zip(batch.seqs, batch.num_tokens):
             seq.num_cached_tokens = seq.num_cached_tokens + n if keeps_kv else 0
+        rows = list(range(len(to_sample)))
+        for i, seq in enumerate(list(to_sample)):  # n > 1: the other samples fork off once the prompt is done
+            if seq.params.n > 1 and not seq.forked:
+                forks = fork_samples(self, seq)
+                to_sample += forks
+                rows += [i] * len(forks)
+        if len(rows) > logits.shape[0]:
+            logits = logits[torch.tensor(rows, device=logits.device)]  # (M + forks, V): a fork draws from its row
+        out = self.sampler(logits, to_sample) if to_sample else None
+        ids = out.ids.tolist() if to_sample else []  # waits for the device
+        now = time.perf_counter()
         events = []
-        for seq, tok in zip(to_sample, ids):
+        for k, (seq, tok) in enumerate(zip(to_sample, ids)):
+            lp, top = out.logprobs[k] if out.logprobs and out.logprobs[k] else (None, None)
+            if lp is not None:
+                seq.cumulative_logprob += lp
             seq.token_ids.append(tok)
             seq.token_times.append(now)
+            if seq.grammar is not None:
+                seq.grammar.accept(tok)
             reason = self._finish_reason(seq, tok)
-            events.append(TokenEvent(seq.request_id, tok, now, seq.num_output_tokens - 1, reason is not None, reason))
+            index = seq.num_output_tokens - 1
+            first = seq.first_scheduled if index == 0 else None
+            events.append(TokenEvent(seq.request_id, tok, now, index, reason is not None, reason, lp, top, first))
             if reason is not None:
                 self.scheduler.finish(seq, reason, now)
                 self._live.pop(seq.request_id, None)
@@ -293,7 +327,7 @@ class Engine:
         p = seq.params
         if tok in self.eos_ids and not p.ignore_eos:
             return "eos"
-        if p.stop:
+        if p.stop and seq.num_output_tokens >= p.min_tokens:
             longest = max(len(s) for s in p.stop)
             tail = self.tokenizer.decode(seq.output_ids[-(longest + 8) :], skip_special_tokens=True)
             if any(s in tail for s in p.stop):
@@ -335,111 +369,12 @@ class Engine:
         """Bytes of KV cache holding tokens vs reserved for the live sequences."""
         return {"used": self.backend.bytes_used(), "reserved": self.backend.bytes_reserved()}
 
-    # ---------------------------------------------------------------- wrappers
-    @contextmanager
-    def _backend(self, use_kv_cache: bool):
-        """Temporarily swap in the no-cache backend (chapter 05's baseline); the engine must be idle."""
-        if use_kv_cache:
-            yield
-            return
-        if self.has_unfinished():
-            raise RuntimeError("use_kv_cache=False needs an idle engine: finish or abort the running requests first")
-        saved = self.backend
-        self.backend = self.scheduler.backend = NoCacheBackend(self.config.max_model_len)
-        try:
-            yield
-        finally:
-            self.backend = self.scheduler.backend = saved
-
-    def _params_list(self, params, n: int) -> list[SamplingParams]:
-        if params is None or isinstance(params, SamplingParams):
-            return [self._check_params(params or SamplingParams())] * n
-        if isinstance(params, (list, tuple)):
-            if len(params) != n:
-                raise ValueError(f"params is a list of {len(params)} SamplingParams but there are {n} prompts")
-            return [self._check_params(p, f"params[{i}]") for i, p in enumerate(params)]
-        raise ValueError(f"params must be a SamplingParams or a list of one per prompt, got {type(params).__name__}")
-
-    def events(
-        self,
-        ids: list[list[int]],
-        params: SamplingParams | list[SamplingParams] | None = None,
-        use_kv_cache: bool = True,
-        arrival: float | None = None,
-    ) -> Iterator[TokenEvent]:
-        """Run these prompts (token ids) to completion, yielding each token as soon as it is on the host.
-        ``event.request`` is the prompt's index. Needs an engine with no other unfinished requests."""
-        plist = self._params_list(params, len(ids))
-        for p in plist:
-            self.check_fits(ids, p.max_new_tokens)
-        if self.has_unfinished():
-            raise RuntimeError(
-                "generate/events need an idle engine; drive add_request/step yourself to mix them with other requests"
-            )
-        arrival = time.perf_counter() if arrival is None else arrival
-        with self._backend(use_kv_cache):
-            for i, (p_ids, p) in enumerate(zip(ids, plist)):
-                self.add_request(p_ids, p, request_id=i, arrival=arrival)
-            try:
-                while self.has_unfinished():
-                    yield from self.step()
-            finally:
-                for rid in list(self._live):  # the caller stopped early: free what is left
-                    self.abort(rid)
-
-    def generate(
-        self,
-        prompts,
-        params: SamplingParams | list[SamplingParams] | None = None,
-        *,
-        use_kv_cache: bool = True,
-        on_token: Callable[[TokenEvent], None] | None = None,
-    ) -> list[GenerationResult]:
-        """Generate for every prompt (one ``SamplingParams`` for all, or a list with one per prompt);
-        results in prompt order, each with its trace."""
-        arrival = time.perf_counter()
-        ids = self.encode(prompts)
-        plist = self._params_list(params, len(ids))
-        outputs: list[list[int]] = [[] for _ in ids]
-        times: list[list[float]] = [[] for _ in ids]
-        reasons: list[str] = ["length"] * len(ids)
-        for ev in self.events(ids, plist, use_kv_cache, arrival):
-            outputs[ev.request].append(ev.token_id)
-            times[ev.request].append(ev.time)
-            if ev.finish_reason:
-                reasons[ev.request] = ev.finish_reason
-            if on_token is not None:
-                on_token(ev)
-        results = []
-        for i, (p, out) in enumerate(zip(ids, outputs)):
-            trace = RequestTrace(
-                request_id=i,
-                arrival=arrival,
-                prompt_tokens=len(p),
-                token_times=times[i],
-                finish=times[i][-1] if times[i] else None,
-            )
-            text = self.tokenizer.decode(out, skip_special_tokens=True)
-            if reasons[i] == "stop":  # cut the text before the stop string, as the OpenAI API does
-                cut = min((text.find(s) for s in plist[i].stop if s in text), default=len(text))
-                text = text[:cut]
-            results.append(GenerationResult(i, p, out, text, reasons[i], trace))
-        return results
-
-    def stream(self, prompt: str, params: SamplingParams | None = None) -> Iterator[tuple[str, TokenEvent]]:
-        """Yield (text piece, event) per token of one prompt, decoding text incrementally."""
-        params = params or SamplingParams()
-        ids = self.encode([prompt])
-        out: list[int] = []
-        shown = ""
-        for ev in self.events(ids, params):
-            out.append(ev.token_id)
-            text = self.tokenizer.decode(out, skip_special_tokens=True)
-            if text.endswith("\ufffd") and not ev.finished:
-                piece = ""  # a multi-byte character is split across tokens: wait for its other bytes
-            else:
-                piece, shown = text[len(shown) :], text
-            yield piece, ev
+    # ---------------------------------------------------------------- wrappers: generation.py
+    _backend = _gen.swap_backend  # (use_kv_cache): the no-cache baseline's backend, for the run of a wrapper
+    _params_list = _gen.params_list
+    events = _gen.events  # (ids, params, use_kv_cache, arrival): every token of these prompts as it happens
+    generate = _gen.generate  # (prompts, params, *, use_kv_cache, on_token) -> [GenerationResult]
+    stream = _gen.stream  # (prompt, params): (text piece, event) per token
 
     # ---------------------------------------------------------------- beam search
     beam_search = _beam_search  # (prompt, num_beams=4, max_new_tokens=32, ...): beam_search.py, on this engine

@@ -7,7 +7,12 @@ one pass; penalties use the reference function row by row (they need that row's 
 Draws use the exponential race, ``argmax(p / E)`` with ``E ~ Exp(1)``, which picks token i with
 probability p_i (as vLLM does): each seeded row draws its ``E`` from its own generator, so a row gives
 the same tokens whatever else is in the batch. ``return_probs`` also returns the distribution each
-token was drawn from, which chapter 04's speculative rejection rule needs. Introduced in 02_metrics_1_latency.ipynb.
+token was drawn from, which chapter 04's speculative rejection rule needs. Before the penalties come
+a structured request's grammar mask (``structured.py``), OpenAI's ``logit_bias`` (added to the logits) and
+vLLM's ``min_tokens`` (EOS masked until that many tokens
+are out); rows with ``params.logprobs`` set also get the log-probability of their token and of the top
+``logprobs`` alternatives, taken from the raw logits before any of these steps (vLLM's default, "raw
+logprobs"): what the model believed, not what the filters left. Introduced in 02_metrics_1_latency.ipynb.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from course_lib.engine.sampling import SamplingParams, apply_penalties
+from course_lib.engine.structured import mask_rows
 
 
 def is_penalised(params: SamplingParams) -> bool:
@@ -38,6 +44,8 @@ def token_counts(ids: list[int], vocab_size: int, device) -> torch.Tensor:
 class SamplerOutput:
     ids: torch.Tensor  # (B,) int64, the next token of each row
     probs: torch.Tensor | None = None  # (B, V) fp32: what each row drew from (one-hot for greedy rows)
+    # per row: None, or (log-prob of the drawn token, ((token id, log-prob), ...) of the top params.logprobs)
+    logprobs: list | None = None
 
 
 def _row_tensor(values: list[float], like: torch.Tensor) -> torch.Tensor:
@@ -70,17 +78,58 @@ def filter_rows(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Ten
     return x
 
 
+def bias_rows(logits: torch.Tensor, seqs: list, eos_ids) -> torch.Tensor:
+    """``logit_bias`` added, and EOS masked for rows still short of ``min_tokens``; (B, V) fp32 → (B, V)."""
+    out = logits
+    for b, s in enumerate(seqs):
+        p = s.params
+        short = p.min_tokens and not p.ignore_eos and eos_ids and s.num_output_tokens < p.min_tokens
+        if not (p.logit_bias or short):
+            continue
+        if out is logits:
+            out = logits.clone()
+        if p.logit_bias:
+            ids = torch.tensor([t for t, _ in p.logit_bias], device=out.device)
+            out[b, ids] += torch.tensor([v for _, v in p.logit_bias], dtype=out.dtype, device=out.device)
+        if short:
+            out[b, list(eos_ids)] = -math.inf
+    return out
+
+
+def logprob_rows(raw: torch.Tensor, ids: torch.Tensor, params: list[SamplingParams]) -> list | None:
+    """(log-prob of ``ids[b]``, top ``params[b].logprobs`` (id, log-prob) pairs) per row that asks, from ``raw``."""
+    rows = [b for b, p in enumerate(params) if p.logprobs is not None]
+    if not rows:
+        return None
+    idx = torch.tensor(rows, device=raw.device)
+    logp = torch.log_softmax(raw[idx], dim=-1)  # (R, V)
+    chosen = logp.gather(1, ids[idx][:, None])[:, 0].tolist()  # (R,)
+    k = max(params[b].logprobs for b in rows)
+    top = logp.topk(k, dim=-1) if k else None  # (R, k) values and ids, most likely first
+    tv, ti = (top.values.tolist(), top.indices.tolist()) if k else ([[]] * len(rows), [[]] * len(rows))
+    out: list = [None] * len(params)
+    for r, b in enumerate(rows):
+        kb = params[b].logprobs
+        out[b] = (chosen[r], tuple(zip(ti[r][:kb], tv[r][:kb])))
+    return out
+
+
 class Sampler:
-    """``sampler(logits (B, V), seqs)`` → ``SamplerOutput``; row b follows ``seqs[b].params`` and generator."""
+    """``sampler(logits (B, V), seqs)`` → ``SamplerOutput``; row b follows ``seqs[b].params`` and generator.
+    ``eos_ids``: the tokens ``min_tokens`` masks (the engine passes its own)."""
+
+    def __init__(self, eos_ids=()) -> None:
+        self.eos_ids = tuple(eos_ids)
 
     def __call__(self, logits: torch.Tensor, seqs: list, return_probs: bool = False) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != len(seqs):
             raise ValueError(f"logits must be (B, V) with B = len(seqs) = {len(seqs)}, got {tuple(logits.shape)}")
         params = [s.params for s in seqs]
-        logits = logits.float()
+        raw = logits = logits.float()
+        logits = bias_rows(mask_rows(logits, seqs), seqs, self.eos_ids)  # grammar first, then bias and min_tokens
         penalised = [b for b, p in enumerate(params) if is_penalised(p)]
         if penalised:
-            logits = logits.clone()
+            logits = logits.clone() if logits is raw else logits
             V = logits.shape[-1]
             for b in penalised:
                 s = seqs[b]
@@ -96,7 +145,7 @@ class Sampler:
         if return_probs:
             probs = torch.zeros_like(logits).scatter_(1, ids[:, None], 1.0)  # one-hot for greedy rows
         if not sampled:
-            return SamplerOutput(ids, probs)
+            return SamplerOutput(ids, probs, logprob_rows(raw, ids, params))
         rows = torch.tensor(sampled, device=logits.device)
         p = filter_rows(logits[rows], [params[b] for b in sampled]).softmax(dim=-1)  # (S, V)
         race = torch.empty_like(p)
@@ -109,4 +158,4 @@ class Sampler:
         ids[rows] = (p / race).argmax(dim=-1)  # token i wins with probability p_i
         if probs is not None:
             probs[rows] = p
-        return SamplerOutput(ids, probs)
+        return SamplerOutput(ids, probs, logprob_rows(raw, ids, params))

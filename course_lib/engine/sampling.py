@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from course_lib.engine.structured import check_spec
+
 
 def _check_float(
     name: str,
@@ -51,7 +53,12 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # HF/CTRL: seen tokens (prompt+output): logit>0 → /r, else ·r
     presence_penalty: float = 0.0  # OpenAI/vLLM, output tokens: logit -= presence · [count > 0]
     frequency_penalty: float = 0.0  # OpenAI/vLLM, output tokens: logit -= frequency · count
-    max_new_tokens: int = 32
+    max_new_tokens: int | None = 32  # None: until the context window (or the KV room) ends; Engine resolves it
+    min_tokens: int = 0  # EOS is masked and stop strings ignored until this many tokens are out (vLLM)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs added to the logits (OpenAI); a dict works
+    logprobs: int | None = None  # report the sampled token's log-prob and this many top alternatives (0 = none)
+    n: int = 1  # independent samples of the prompt: Engine forks the sequence once its prompt is done
+    structured: str | None = None  # "json" or a JSON schema (a JSON string): grammar-constrained (structured.py)
     seed: int | None = None  # build ONE generator per request: make_generator(seed)
     ignore_eos: bool = False
     num_beams: int = 1  # > 1 = beam search, deterministic only (temperature 0)
@@ -72,7 +79,26 @@ class SamplingParams:
         )
         for name in ("presence_penalty", "frequency_penalty"):
             _check_float(name, getattr(self, name), lo=-2.0, hi=2.0, allowed="a float in [-2, 2] (0 = off)")
-        _check_int("max_new_tokens", self.max_new_tokens, lo=1, allowed="an int ≥ 1")
+        if self.max_new_tokens is not None:
+            _check_int(
+                "max_new_tokens", self.max_new_tokens, lo=1, allowed="None (until the context ends) or an int ≥ 1"
+            )
+        _check_int("min_tokens", self.min_tokens, lo=0, allowed="an int ≥ 0 (0 = off)")
+        if self.max_new_tokens is not None and self.min_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"SamplingParams.min_tokens={self.min_tokens} must not exceed max_new_tokens={self.max_new_tokens}"
+            )
+        self._check_logit_bias()
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, lo=0, allowed="None or an int ≥ 0 (top alternatives per token)")
+        _check_int("n", self.n, lo=1, allowed="an int ≥ 1 (samples of the prompt)")
+        if self.structured is not None:
+            check_spec(self.structured)
+            if self.ignore_eos or self.min_tokens:
+                raise ValueError(
+                    "SamplingParams.structured ends the answer with EOS once the document is complete: it cannot "
+                    f"go with ignore_eos={self.ignore_eos} or min_tokens={self.min_tokens}"
+                )
         if self.seed is not None:
             _check_int("seed", self.seed, lo=0, allowed="None or an int ≥ 0")
         if not isinstance(self.ignore_eos, bool):
@@ -90,6 +116,24 @@ class SamplingParams:
                 f"SamplingParams.num_beams={self.num_beams} needs temperature=0 (beam search is "
                 f"deterministic here), got temperature={self.temperature!r}"
             )
+
+    def _check_logit_bias(self) -> None:
+        bias = self.logit_bias
+        if isinstance(bias, dict):
+            bias = tuple(sorted(bias.items()))
+        ok = isinstance(bias, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in bias)
+        if ok:
+            bias = tuple((t, float(b) if isinstance(b, int) and not isinstance(b, bool) else b) for t, b in bias)
+            ok = all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 and isinstance(b, float) and -100 <= b <= 100
+                for t, b in bias
+            )
+        if not ok or len({t for t, _ in bias}) != len(bias):
+            raise ValueError(
+                "SamplingParams.logit_bias must map distinct token ids ≥ 0 to biases in [-100, 100], "
+                f"e.g. {{50256: -100.0}}, got {self.logit_bias!r}"
+            )
+        object.__setattr__(self, "logit_bias", bias)
 
     @property
     def greedy(self) -> bool:

@@ -111,6 +111,7 @@ class Scheduler:
         self.backend = backend
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.num_preemptions = 0  # every preemption so far, recompute or swap
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -200,6 +201,8 @@ class Scheduler:
                 seq.kv = kv.allocate()
             kv.append(seq.kv, n)
             seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled is None:  # the end of its queue time
+                seq.first_scheduled = time.perf_counter() if now is None else now
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_tokens.append(n)
@@ -226,6 +229,7 @@ class Scheduler:
                     seq.num_cached_tokens = 0
                     seq.status = SequenceStatus.PREEMPTED
                 seq.num_preemptions += 1
+                self.num_preemptions += 1
                 self.running.remove(seq)
                 self.waiting.appendleft(seq)
                 return seq

@@ -6,13 +6,15 @@ chapter 05). ``num_cached_tokens`` says how many of ``token_ids`` already have K
 forward processes exactly ``num_tokens - num_cached_tokens`` of them: the whole prompt at first (prefill),
 a chunk of it (chunked prefill), one token (decode), everything again after a preemption by recompute,
 or what is left after the matched prefix (prefix caching). A sequence preempted by swapping keeps its
-``num_cached_tokens``; its ``kv`` is then the host copy the backend's ``swap_out`` returned.
+``num_cached_tokens``; its ``kv`` is then the host copy the backend's ``swap_out`` returned. A step reports
+each generated token as a ``TokenEvent``.
 Introduced in 02_metrics_1_latency.ipynb; chapters 04-06 read and change it.
 """
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,6 +58,11 @@ class Sequence:
         self.finish_reason: str | None = None  # "eos", "length", "stop" or "abort"
         self.num_preemptions = 0
         self.swapped_bytes = 0  # KV bytes copied to the host and back by preemptions by swapping
+        self.first_scheduled: float | None = None  # when the scheduler first admitted it (queue time = − arrival)
+        self.cumulative_logprob = 0.0  # sum of its tokens' raw log-probs (kept when params.logprobs is set)
+        self.parent: str | int | None = None  # for sample j ≥ 1 of a request with params.n > 1: that request's id
+        self.forked = False  # params.n > 1: its other samples exist (forked when its prompt was done)
+        self.grammar = None  # params.structured: its structured.Grammar (the matcher follows its output)
 
     @property
     def num_tokens(self) -> int:
@@ -94,3 +101,18 @@ class Sequence:
             f"Sequence({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
             f"out={self.num_output_tokens}, cached={self.num_cached_tokens})"
         )
+
+
+@dataclass
+class TokenEvent:
+    """One generated token as it happens: which request, which token, when."""
+
+    request: str | int
+    token_id: int
+    time: float
+    index: int  # 0 for the first generated token of that request
+    finished: bool = False
+    finish_reason: str | None = None  # "eos", "length" or "stop" on the request's last token
+    logprob: float | None = None  # with params.logprobs set: the token's raw log-probability
+    top_logprobs: tuple | None = None  # ... and the ((token id, log-prob), ...) of the params.logprobs most likely
+    first_scheduled: float | None = None  # on a sequence's first token: when it was first scheduled (queue time)

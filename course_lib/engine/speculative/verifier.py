@@ -87,6 +87,14 @@ class SpeculativeDecoder:
         for i, p in enumerate(plist):
             if p.stop:
                 raise ValueError(f"params[{i}].stop: stop strings are not supported by SpeculativeDecoder")
+            unsupported = [name for name in ("logit_bias", "min_tokens", "structured") if getattr(p, name)]
+            unsupported += ["logprobs"] * (p.logprobs is not None) + ["max_new_tokens=None"] * (
+                p.max_new_tokens is None
+            )
+            if unsupported:
+                raise ValueError(
+                    f"params[{i}]: {', '.join(unsupported)} not supported by SpeculativeDecoder (use Engine)"
+                )
         return plist
 
     # ------------------------------------------------------------ generate

@@ -17,6 +17,16 @@ from course_lib.serving.loadgen.results import LOADGEN_PS, LoadResult, RequestRe
 from course_lib.serving.loadgen.timed_requests import TimedRequest
 
 
+def _status(code, default: int) -> int:
+    """The HTTP status of an error sent inside a stream: vLLM and llama.cpp put it in ``code``; OpenAI (and
+    the course server) send a string code, mapped back by the course server's table."""
+    if isinstance(code, int):
+        return code
+    from course_lib.serving.server.protocol import STATUS_OF_CODE
+
+    return STATUS_OF_CODE.get(code, 500 if code else default)
+
+
 async def _one(client, url: str, body: dict, result: RequestResult) -> None:
     result.sent = time.perf_counter()
     try:
@@ -40,7 +50,7 @@ async def _one(client, url: str, body: dict, result: RequestResult) -> None:
                 chunk = json.loads(data)
                 if "error" in chunk:
                     result.error = chunk["error"].get("message", str(chunk["error"]))
-                    result.status = chunk["error"].get("code", result.status)
+                    result.status = _status(chunk["error"].get("code"), result.status)
                     continue
                 if chunk.get("usage"):
                     result.prompt_tokens = chunk["usage"]["prompt_tokens"]

@@ -16,8 +16,10 @@ cost, so measure it: ``loadgen.server_overhead`` compares p50 TPOT with in-proce
 sends each step's tokens back as one message: the HTTP side's per-token Python no longer competes with the
 engine's for one interpreter lock.
 
-The parts, in the manner of vLLM's entrypoints: ``protocol`` (request bodies, error body), ``app`` (the
-FastAPI routes), ``job`` (one request on the asyncio side), ``text_stream`` (token ids → text deltas),
+The parts, in the manner of vLLM's entrypoints: ``protocol`` (request bodies, error body), ``params``
+(a body → the engine's ``SamplingParams``, every field checked or refused by name), ``responses`` (choices,
+chunks and log-probs in OpenAI's formats), ``app`` (the FastAPI routes), ``job`` (one request on the asyncio
+side: its prompts' engine requests and their choices), ``text_stream`` (token ids → text deltas),
 ``core`` (what the engine's thread does between steps), ``engine_loop`` (that thread), ``engine_process``
 (the engine in a child process), ``metrics`` (Prometheus), ``launch`` (``serve`` from a notebook) and
 ``__main__`` (``python -m course_lib.serving.server --model tiny-target --port 8000``).

@@ -1,10 +1,17 @@
 """The FastAPI app and its routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (OpenAI's
-request and chunk formats, ``stream`` with ``stream_options.include_usage``; plus vLLM's ``ignore_eos``
-extension), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus). The HTTP side only parses,
-admits (429 past ``max_queue``), detokenizes and writes server-sent events; the engine runs on an
-``EngineLoop`` thread or in an ``EngineProcess``. Errors use OpenAI's body: 400 malformed body or parameters,
-404 unknown model, 429 more than ``max_queue`` requests in the server, 504 past ``request_timeout_s`` (the
-request is aborted and its KV freed), 500 engine failure, 503 shutting down. A streaming request that fails
+request and chunk formats: ``n`` and ``best_of``, ``logprobs``, ``echo``, list prompts, list-form chat
+content, penalties, ``logit_bias``, ``response_format`` (json_object, json_schema: grammar-constrained, see
+``engine/structured.py``), ``stream`` with ``stream_options.include_usage``; vLLM's ``top_k``,
+``min_p``, ``repetition_penalty``, ``min_tokens`` and ``ignore_eos``; any other field is refused by name,
+see ``params``), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus). The HTTP side only
+parses, admits (429 past ``max_queue`` sequences), detokenizes and writes server-sent events; the engine
+runs on an ``EngineLoop`` thread or in an ``EngineProcess``. Errors use OpenAI's body, ``{"error": {"message",
+"type", "param", "code"}}`` with string type and code: 400 malformed body or parameters (``param`` names the
+field), 404 unknown model or route, 429 more than ``max_queue`` sequences in the server (``Retry-After``: the
+mean request latency so far; the openai client honours it when it retries, which it does twice by default,
+so pass ``max_retries=0`` to see the backpressure), 504 past ``request_timeout_s`` (the request is aborted and
+its KV freed), 500 engine failure, 503 shutting down or no engine (``Retry-After`` too; ``/health`` answers
+503 the same way). A streaming request that fails
 after its headers were sent ends with a ``data: {"error": ...}`` event, then ``data: [DONE]``; a client that
 disconnects has its request aborted in the engine. Introduced in 06_batching_serving.ipynb."""
 
@@ -21,29 +28,29 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from course_lib.engine.sampling import SamplingParams
 from course_lib.serving.server.engine_loop import EngineLoop
 from course_lib.serving.server.engine_process import EngineProcess
 from course_lib.serving.server.job import Job, ServerState, close_on_disconnect
 from course_lib.serving.server.metrics import ServerMetrics
+from course_lib.serving.server.params import plan
 from course_lib.serving.server.protocol import (
-    DEFAULT_MAX_TOKENS,
-    OPENAI_REASON,
+    RETRY_AFTER_UNAVAILABLE_S,
     ChatRequest,
     CompletionRequest,
     RequestFailure,
     error_body,
-    render_chat,
 )
-from course_lib.serving.server.text_stream import TextStream
+from course_lib.serving.server.responses import TokenStrings, choice_body, chunk_choice
 
 
 def create_app(engine, *, max_queue: int = 64, request_timeout_s: float | None = 60.0, model_name: str = "tiny-target"):
     """A FastAPI app serving ``engine``: an ``Engine`` (driven by an ``EngineLoop`` thread in this process) or an
     ``EngineProcess`` (the engine in a child process); either starts and stops with the app's lifespan.
 
-    ``max_queue``: requests admitted at once (waiting + running + being answered); one more gets 429.
+    ``max_queue``: sequences admitted at once (waiting + running + being answered; a request holds one per
+    prompt and sample); past it a request gets 429, and one that could never fit a 400.
     ``request_timeout_s``: from arrival to the last token; past it the request is aborted (504), None = no limit.
     ``app.state.engine_loop`` is the ``EngineLoop`` or ``EngineProcess``; ``app.state.metrics`` the ``ServerMetrics``."""
     if not isinstance(max_queue, int) or isinstance(max_queue, bool) or max_queue < 1:
@@ -70,6 +77,7 @@ def create_app(engine, *, max_queue: int = 64, request_timeout_s: float | None =
         engine_loop.start()
         if isinstance(engine_loop, EngineProcess):  # known once the child has built its engine
             state.tokenizer, state.max_model_len = engine_loop.tokenizer, engine_loop.max_model_len
+        state.strings = TokenStrings(state.tokenizer)
         try:
             yield
         finally:
@@ -79,18 +87,45 @@ def create_app(engine, *, max_queue: int = 64, request_timeout_s: float | None =
     app.state.engine_loop = engine_loop
     app.state.metrics = metrics
 
-    def error(status: int, message: str) -> JSONResponse:
-        return JSONResponse(error_body(status, message), status_code=status)
+    def error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+        headers = None
+        if status == 429:  # about when a place frees: one request's mean latency so far
+            headers = {"Retry-After": str(metrics.retry_after_s())}
+        elif status == 503:
+            headers = {"Retry-After": str(RETRY_AFTER_UNAVAILABLE_S)}
+        return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+
+    def failed(f: RequestFailure) -> JSONResponse:
+        return error(f.status, f.message, f.param, f.code)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(request, exc: RequestValidationError):
-        parts = []
+        by_field: dict[str, list] = {}
         for e in exc.errors():
             if e.get("type") == "json_invalid":
-                return error(400, f"malformed request: the body is not valid JSON ({e.get('msg', '')})")
-            where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
-            parts.append(f"{where}: {e.get('msg', 'invalid')}")
-        return error(400, "malformed request: " + "; ".join(parts))
+                return error(
+                    400, f"malformed request: the body is not valid JSON ({e.get('msg', '')})", None, "invalid_json"
+                )
+            loc = [x for x in e.get("loc", ()) if x != "body"]
+            by_field.setdefault(str(loc[0]) if loc else "body", []).append((loc[1:], e.get("msg", "invalid")))
+        parts = []
+        for name, errs in by_field.items():
+            forms = list(dict.fromkeys(str(rest[0]) for rest, _ in errs if rest and isinstance(rest[0], str)))
+            if len(forms) > 1:  # a union: none of its forms matched
+                parts.append(f"{name}: matches none of its allowed forms ({', '.join(forms)})")
+            else:
+                parts += [".".join([name, *map(str, rest)]) + f": {msg}" for rest, msg in errs]
+        missing = any(e.get("type") == "missing" for e in exc.errors())
+        code = "missing_required_parameter" if missing else "invalid_type"
+        return error(400, "malformed request: " + "; ".join(parts), next(iter(by_field)), code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc: StarletteHTTPException):  # unknown route, wrong method: OpenAI's body too
+        return error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+
+    @app.exception_handler(Exception)
+    async def crash(request, exc: Exception):  # a bug in a route: a 500 with OpenAI's body, not a bare text
+        return error(500, f"internal server error: {exc!r}", None, "internal_error")
 
     @app.get("/health")
     async def health():
@@ -110,102 +145,86 @@ def create_app(engine, *, max_queue: int = 64, request_timeout_s: float | None =
 
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    def sampling_params(body, max_tokens) -> SamplingParams:
-        if body.model is not None and body.model != model_name:
-            raise RequestFailure(404, f"the model `{body.model}` does not exist; this server serves `{model_name}`", "")
-        if body.n != 1:
-            raise RequestFailure(400, f"n={body.n}: this server returns one choice per request (n=1)", "")
-        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-        try:
-            return SamplingParams(
-                temperature=body.temperature,
-                top_p=body.top_p,
-                seed=body.seed,
-                stop=stop,
-                max_new_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-                ignore_eos=body.ignore_eos,
-            )
-        except ValueError as exc:
-            message = str(exc).replace("SamplingParams.", "").replace("max_new_tokens", "max_tokens")
-            raise RequestFailure(400, message, "") from None
+    def echo_text(prompt) -> str:
+        return prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt, skip_special_tokens=True)
 
-    async def run(request: Request, body, prompt, max_tokens, chat: bool):
+    async def run(request: Request, body, chat: bool):
         arrival = time.perf_counter()
         try:
-            params = sampling_params(body, max_tokens)
+            p = plan(body, state.tokenizer, model_name, max_queue=max_queue)
         except RequestFailure as f:
-            return error(f.status, f.message)
+            return failed(f)
         if not engine_loop.alive:
             return error(503, "the engine loop is not running")
-        if state.in_server >= max_queue:
-            metrics.requests.labels(finish_reason="rejected").inc()
-            return error(429, f"the server already holds max_queue={max_queue} requests; retry later")
+        if state.in_server + p.num_seqs > max_queue:
+            metrics.requests.labels(finish_reason="rejected").inc(p.num_seqs)
+            return error(429, f"the server already holds max_queue={max_queue} sequences; retry later")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        job = Job(state, rid, arrival, TextStream(state.tokenizer, params.stop))
-        job.start(prompt, params)
+        job = Job(state, rid, arrival, p)
+        job.start()
         watcher = asyncio.create_task(close_on_disconnect(request, job))
         try:
             await job.admitted()
         except RequestFailure as f:
             watcher.cancel()
             job.close(f.reason)
-            return error(f.status, f.message)
+            return failed(f)
         except BaseException:
             watcher.cancel()
             job.close("abort")
             raise
         created = int(time.time())
-        if body.stream:
-            usage = body.stream_options is not None and body.stream_options.include_usage
-            return _SSEResponse(_sse(job, rid, created, chat, usage), job, watcher)
+        echoes = [echo_text(x) if p.echo else "" for x in p.prompts]
+        if p.stream:
+            return _SSEResponse(_sse(job, rid, created, chat, echoes), job, watcher)
         try:
-            async for _ in job.pieces():
+            async for _ in job.events():
                 pass
         except RequestFailure as f:
             job.close(f.reason)
-            return error(f.status, f.message)
+            return failed(f)
         finally:
             watcher.cancel()
             job.close("abort")  # no-op unless cancelled
-        reason = OPENAI_REASON[job.finish_reason]
-        if chat:
-            message = {"role": "assistant", "content": job.text.text}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
-        else:
-            choice = {"index": 0, "text": job.text.text, "logprobs": None, "finish_reason": reason}
+        want = p.logprobs is not None
+        choices = [choice_body(i, c, chat, state.strings, want, echoes[c.prompt]) for i, c in job.answered()]
         kind = "chat.completion" if chat else "text_completion"
         return {
             "id": rid,
             "object": kind,
             "created": created,
             "model": model_name,
-            "choices": [choice],
+            "choices": choices,
             "usage": job.usage(),
         }
 
-    async def _sse(job: Job, rid: str, created: int, chat: bool, include_usage: bool):
+    async def _sse(job: Job, rid: str, created: int, chat: bool, echoes: list[str]):
         kind = "chat.completion.chunk" if chat else "text_completion"
+        p = job.plan
+        index = {id(c): i for i, c in job.answered()}  # best_of = n when streaming: every choice is answered
+        want = p.logprobs is not None
 
         def chunk(choices: list, usage: dict | None = None) -> str:
             body = {"id": rid, "object": kind, "created": created, "model": model_name, "choices": choices}
-            if include_usage:
+            if p.include_usage:
                 body["usage"] = usage
             return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
         try:
-            if chat:
-                yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-            async for piece, reason in job.pieces():
+            for c in job.choices.values():
+                i = index[id(c)]
                 if chat:
-                    delta = {"content": piece} if piece or reason is None else {}
-                    yield chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}])
-                else:
-                    yield chunk([{"index": 0, "text": piece, "logprobs": None, "finish_reason": reason}])
-            if include_usage:
+                    yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+                elif echoes[c.prompt]:
+                    yield chunk([{"index": i, "text": echoes[c.prompt], "logprobs": None, "finish_reason": None}])
+            async for c, piece, _ in job.events():
+                shift = len(echoes[c.prompt])
+                yield chunk([chunk_choice(index[id(c)], piece, c, chat, state.strings, want, shift)])
+            if p.include_usage:
                 yield chunk([], job.usage())
         except RequestFailure as f:
             job.close(f.reason)
-            yield f"data: {json.dumps(error_body(f.status, f.message))}\n\n"
+            yield f"data: {json.dumps(error_body(f.status, f.message, f.param, f.code))}\n\n"
         finally:
             job.close("abort")  # no-op after a normal end; the client left otherwise
         yield "data: [DONE]\n\n"
@@ -227,16 +246,10 @@ def create_app(engine, *, max_queue: int = 64, request_timeout_s: float | None =
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        if isinstance(body.prompt, list) and not body.prompt:
-            return error(400, "prompt must be a non-empty string or list of token ids")
-        return await run(request, body, body.prompt, body.max_tokens, chat=False)
+        return await run(request, body, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
-        if not body.messages:
-            return error(400, "messages must hold at least one message")
-        prompt = render_chat([m.model_dump() for m in body.messages], state.tokenizer)
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        return await run(request, body, prompt, max_tokens, chat=True)
+        return await run(request, body, chat=True)
 
     return app

@@ -9,7 +9,9 @@ import logging
 import time
 from collections.abc import Callable
 
+from course_lib.engine.parallel_sampling import sample_ids
 from course_lib.engine.sampling import SamplingParams
+from course_lib.engine.sequence import SequenceStatus
 
 log = logging.getLogger(__name__)
 
@@ -17,14 +19,18 @@ log = logging.getLogger(__name__)
 class EngineCore:
     """What the engine's own thread does between steps, shared by ``EngineLoop`` (a thread of the server) and
     ``EngineProcess``'s child: add and abort requests, step, count. Each call returns per-request items
-    ``("added", rid, prompt_tokens)``, ``("error", rid, status, message)`` or ``("token", rid, TokenEvent)``."""
+    ``("added", rid, prompt_tokens)``, ``("error", rid, status, message)`` or ``("token", rid, TokenEvent, last)``:
+    with ``n > 1`` a request has several samples (``TokenEvent.request`` says which), and ``last`` marks the
+    token after which none of them runs any more."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
-        self.live: set[str] = set()  # added and not yet finished or aborted
+        self.live: dict[str, set] = {}  # request id → its samples' ids not yet finished (added, not aborted)
+        self.owner: dict = {}  # sample id → request id
         self.steps = 0
         self.errors = 0
         self.step_seconds = 0.0  # time spent inside engine.step(), summed
+        self._start = self._totals()  # the engine's counters may predate this server
 
     def add(self, rid: str, prompt, params: SamplingParams) -> tuple:
         try:
@@ -34,11 +40,14 @@ class EngineCore:
         except Exception as exc:  # noqa: BLE001 - one request's failure must not end the loop
             log.exception("add_request failed for %s", rid)
             return ("error", rid, 500, f"engine error: {exc!r}")
-        self.live.add(rid)
+        ids = sample_ids(rid, params.n)
+        self.live[rid] = set(ids)
+        self.owner.update(dict.fromkeys(ids, rid))
         return ("added", rid, seq.num_prompt_tokens)
 
     def abort(self, rid: str) -> None:
-        self.live.discard(rid)
+        for sid in self.live.pop(rid, ()):
+            self.owner.pop(sid, None)
         try:
             self.engine.abort(rid)  # frees its KV
         except ValueError:
@@ -60,29 +69,65 @@ class EngineCore:
         finally:
             self.step_seconds += time.perf_counter() - t0
         self.steps += 1
+        items = []
         for ev in events:
+            rid = self.owner.get(ev.request)
+            if rid is None:
+                continue  # aborted meanwhile
+            last = False
             if ev.finished:
-                self.live.discard(ev.request)
-        return [("token", ev.request, ev) for ev in events]
+                del self.owner[ev.request]
+                samples = self.live[rid]
+                samples.discard(ev.request)
+                if not samples:
+                    del self.live[rid]
+                    last = True
+            items.append(("token", rid, ev, last))
+        return items
 
-    def gauges(self) -> tuple:
-        """(waiting, running, KV bytes used, KV bytes reserved, steps, step errors, step seconds)."""
+    def _totals(self) -> dict:
+        b = self.engine.backend
+        return {
+            "preemptions": self.engine.scheduler.num_preemptions,
+            "prefix_queries": getattr(b, "prefix_queries", 0),
+            "prefix_hits": getattr(b, "prefix_hits", 0),
+        }
+
+    def gauges(self) -> dict:
+        """The engine's state now: queue lengths, KV usage, the counters since this core started (preemptions,
+        prefix-cache tokens queried and hit) and the loop's own (steps, step errors, step seconds)."""
         e = self.engine
-        s = e.scheduler
-        kv = (e.backend.bytes_used(), e.backend.bytes_reserved())
-        return (len(s.waiting), len(s.running), *kv, self.steps, self.errors, self.step_seconds)
+        s, b = e.scheduler, e.backend
+        swapped = sum(1 for seq in s.waiting if seq.status is SequenceStatus.SWAPPED)
+        g = {"waiting": len(s.waiting) - swapped, "running": len(s.running), "swapped": swapped}
+        g |= {"kv_used": b.bytes_used(), "kv_reserved": b.bytes_reserved(), "kv_usage": kv_usage(b)}
+        g |= {k: v - self._start[k] for k, v in self._totals().items()}
+        return g | {"steps": self.steps, "errors": self.errors, "step_seconds": self.step_seconds}
+
+
+def kv_usage(backend) -> float:
+    """The fraction of the KV cache reserved by live sequences: blocks in use (paged; cached free blocks
+    count as free, as vLLM counts them) or rows in use (contiguous); 0 for a backend that stores none."""
+    blocks = getattr(backend, "blocks", None)
+    if blocks is not None and getattr(blocks, "num_blocks", 0):
+        return blocks.num_used / blocks.num_blocks
+    rows, max_len = getattr(backend, "max_seqs", 0), getattr(backend, "max_len", 0)
+    if rows and max_len and getattr(backend, "stores_kv", False):
+        return backend.bytes_reserved() / (rows * max_len * backend.bytes_per_token)
+    return 0.0
 
 
 def route(sinks: dict, items: list[tuple], abort: Callable[[str], None]) -> None:
     """Hand ``EngineCore`` items to their requests' queues (one hop per event loop); a request that errored
     or finished leaves ``sinks``, and one whose event loop is gone is aborted."""
     out: dict[str, tuple] = {}
-    for kind, rid, *rest in items:
+    for item in items:
+        kind, rid = item[0], item[1]
         sink = sinks.get(rid)
         if sink is None:
             continue
-        out.setdefault(rid, (sink, []))[1].append((kind, *rest))
-        if kind == "error" or (kind == "token" and rest[0].finished):
+        out.setdefault(rid, (sink, []))[1].append(item)
+        if kind == "error" or (kind == "token" and item[-1]):
             sinks.pop(rid, None)
     for rid in send(out):
         abort(rid)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -144,7 +145,7 @@ class EngineProcess:
         self._sinks[request_id] = (loop, q)
         if not self._post(("add", request_id, prompt, params)):
             self._sinks.pop(request_id, None)
-            send({request_id: ((loop, q), [("error", 503, "the engine process is not running")])})
+            send({request_id: ((loop, q), [("error", request_id, 503, "the engine process is not running")])})
 
     def abort(self, request_id: str) -> None:
         """Abort a request if it is still live; harmless if it already finished."""
@@ -185,7 +186,7 @@ class EngineProcess:
             return False
 
     def _fail_all(self, status: int, message: str) -> None:
-        out = {rid: (sink, [("error", status, message)]) for rid, sink in list(self._sinks.items())}
+        out = {rid: (sink, [("error", rid, status, message)]) for rid, sink in list(self._sinks.items())}
         self._sinks.clear()
         send(out)
 
@@ -217,12 +218,17 @@ class EngineProcess:
         from course_lib.engine.engine import TokenEvent
 
         # tokens came as plain tuples (see _engine_process_main): TokenEvents again, as EngineLoop hands them out
-        items = [("token", it[1], TokenEvent(*it[1:])) if it[0] == "token" else it for it in items]
+        items = [("token", it[1], TokenEvent(*it[2]), it[3]) if it[0] == "token" else it for it in items]
         route(self._sinks, items, self.abort)
 
-    def _gauges(self, g: tuple) -> None:
-        self.steps, self.step_errors, self.step_seconds = g[4:]
+    def _gauges(self, g: dict) -> None:
+        self.steps, self.step_errors, self.step_seconds = g["steps"], g["errors"], g["step_seconds"]
         set_gauges(self.metrics, g)
+
+
+def event_fields(ev) -> tuple:
+    """A ``TokenEvent``'s fields in order, as a tuple (``TokenEvent(*fields)`` rebuilds it)."""
+    return tuple(getattr(ev, f.name) for f in dataclasses.fields(ev))
 
 
 def _engine_process_main(conn, engine_kwargs: dict, threads: int | None, cpus: set[int] | None = None) -> None:
@@ -283,8 +289,7 @@ def _engine_process_main(conn, engine_kwargs: dict, threads: int | None, cpus: s
             if engine.has_unfinished():
                 for item in core.step():  # a TokenEvent travels as a plain tuple: cheaper to pickle
                     if item[0] == "token":
-                        ev = item[2]
-                        item = ("token", ev.request, ev.token_id, ev.time, ev.index, ev.finished, ev.finish_reason)
+                        item = ("token", item[1], event_fields(item[2]), item[3])
                     out.append(item)
             conn.send(("batch", out, core.gauges()))
     except (EOFError, OSError, KeyboardInterrupt):

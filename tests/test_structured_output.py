@@ -1,0 +1,137 @@
+"""Structured output (``SamplingParams.structured``, xgrammar on the sampler seam): every answer that ends
+parses (and fits its schema), forked samples keep their own grammar, bad specs are refused by name, and the
+server's ``response_format`` (json_object, json_schema) reaches it."""
+
+import json
+
+import pytest
+
+xgr = pytest.importorskip("xgrammar")
+
+from course_lib.engine import Engine, SamplingParams  # noqa: E402
+from course_lib.engine.parallel_sampling import sample_ids  # noqa: E402
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+PROMPT = "person = "
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine("tiny-target")
+
+
+def run(engine, params, prompt=PROMPT, rid="r"):
+    engine.add_request(prompt, params, request_id=rid)
+    out, reasons = {}, {}
+    while engine.has_unfinished():
+        for ev in engine.step():
+            out.setdefault(ev.request, []).append(ev.token_id)
+            if ev.finished:
+                reasons[ev.request] = ev.finish_reason
+    return {k: engine.tokenizer.decode(v, skip_special_tokens=True) for k, v in out.items()}, reasons
+
+
+def fits(doc) -> bool:
+    return (
+        isinstance(doc, dict)
+        and set(doc) == {"name", "age"}
+        and isinstance(doc["name"], str)
+        and type(doc["age"]) is int
+    )
+
+
+def test_every_finished_answer_fits_its_schema(engine):
+    spec = json.dumps(SCHEMA)
+    ended, before = 0, engine.grammars.masked_tokens
+    for seed in range(6):
+        texts, reasons = run(engine, SamplingParams(temperature=0.8, seed=seed, max_new_tokens=120, structured=spec))
+        if reasons["r"] == "eos":  # the grammar was complete: only EOS was allowed
+            ended += 1
+            assert fits(json.loads(texts["r"])), texts["r"]
+    assert ended >= 2
+    assert engine.grammars.masked_tokens > before and engine.grammars.seconds_per_token > 0
+    free, _ = run(engine, SamplingParams(temperature=0.8, seed=0, max_new_tokens=40))
+    with pytest.raises(ValueError):
+        json.loads(free["r"])  # unconstrained, the code model writes code
+
+
+def test_json_object_and_forked_samples(engine):
+    texts, reasons = run(engine, SamplingParams(temperature=0.8, seed=3, max_new_tokens=120, structured="json", n=3))
+    assert sorted(texts) == sorted(sample_ids("r", 3))
+    for sid, text in texts.items():  # each sample follows its own matcher from the start
+        assert text.lstrip().startswith("{")
+        if reasons[sid] == "eos":
+            assert isinstance(json.loads(text), dict)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"structured": "{"}, "structured must be"),
+        ({"structured": "[1, 2]"}, "structured must be"),
+        ({"structured": "json", "ignore_eos": True}, "ignore_eos"),
+        ({"structured": "json", "min_tokens": 2}, "min_tokens"),
+    ],
+)
+def test_bad_specs_are_refused(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        SamplingParams(**kwargs)
+
+
+def test_a_schema_that_does_not_compile_is_refused_before_any_work(engine):
+    with pytest.raises(ValueError, match="does not compile"):
+        engine.add_request(PROMPT, SamplingParams(structured=json.dumps({"type": "object", "required": 5})))
+    assert not engine.has_unfinished()
+
+
+def test_server_response_format(engine):
+    pytest.importorskip("fastapi")
+    openai = pytest.importorskip("openai")
+    httpx = pytest.importorskip("httpx")
+    from course_lib.serving.server import serve
+
+    with serve(engine) as h:
+        client = openai.OpenAI(base_url=h.openai_base_url, api_key="-", max_retries=0, timeout=60)
+        messages = [{"role": "user", "content": "Is it JSON?"}]
+        short = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
+                 "additionalProperties": False}  # fmt: skip
+        for fmt, check in (
+            ({"type": "json_object"}, lambda d: isinstance(d, dict)),
+            ({"type": "json_schema", "json_schema": {"name": "answer", "schema": short, "strict": True}},
+             lambda d: d in ({"answer": "yes"}, {"answer": "no"})),
+        ):  # fmt: skip
+            finished = 0
+            for seed in range(3):
+                c = client.chat.completions.create(
+                    model="tiny-target",
+                    messages=messages,
+                    max_tokens=80,
+                    temperature=0.8,
+                    seed=seed,
+                    response_format=fmt,
+                ).choices[0]
+                assert c.message.content.lstrip().startswith("{")  # constrained from the first token
+                if c.finish_reason == "stop":  # the document was complete: it parses, and fits
+                    finished += 1
+                    assert check(json.loads(c.message.content)), c.message.content
+            if fmt["type"] == "json_schema":
+                assert finished == 3  # two keys' worth of freedom: it ends
+        client.close()
+        for fmt, words in (
+            ({"type": "json_schema"}, "needs json_schema.schema"),
+            ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "required": 5}}}, "does not compile"),
+            ({"type": "json_object", "extra": 1}, "unsupported field 'response_format.extra'"),
+        ):  # fmt: skip
+            r = httpx.post(h.url + "/v1/chat/completions", json={"messages": messages, "response_format": fmt})
+            assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+            assert r.json()["error"]["param"].startswith("response_format")
+        r = httpx.post(
+            h.url + "/v1/chat/completions",
+            json={"messages": messages, "response_format": {"type": "json_object"}, "ignore_eos": True},
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
