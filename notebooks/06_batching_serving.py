@@ -579,7 +579,7 @@ print(
         if line.startswith(
             (
                 "course_requests_total",
-                "course_requests_running",
+                "course_num_requests_running",
                 "course_kv",
                 "course_time_to_first_token_seconds_count",
             )
