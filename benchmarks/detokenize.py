@@ -10,23 +10,11 @@ checks the shape with a wide margin).
 """
 
 import argparse
-import time
 
 from course_lib.core.paths import data_dir
 from course_lib.models.tokenizer import load_tokenizer
 from course_lib.serving import prompt_pool
-from course_lib.serving.server.text_stream import FullDecodeTextStream, TextStream
-
-
-def per_token_us(cls, tok, ids, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        s = cls(tok, ("\n\n\n",))
-        t0 = time.perf_counter()
-        for i, t in enumerate(ids):
-            s.push(t, "length" if i == len(ids) - 1 else None)
-        best = min(best, time.perf_counter() - t0)
-    return best / len(ids) * 1e6
+from course_lib.serving.server.text_stream import FullDecodeTextStream, TextStream, cost_per_token_us
 
 
 def main() -> None:
@@ -38,8 +26,8 @@ def main() -> None:
     pool = prompt_pool(tok, max(args.lengths) + 1)
     print(f"{'tokens':>7} {'incremental µs/tok':>19} {'full decode µs/tok':>19} {'ratio':>6}")
     for n in args.lengths:
-        inc = per_token_us(TextStream, tok, pool[:n], args.repeats)
-        full = per_token_us(FullDecodeTextStream, tok, pool[:n], args.repeats)
+        inc = cost_per_token_us(TextStream, tok, pool[:n], args.repeats)
+        full = cost_per_token_us(FullDecodeTextStream, tok, pool[:n], args.repeats)
         print(f"{n:>7} {inc:>19.1f} {full:>19.1f} {full / inc:>6.1f}")
 
 

@@ -2,13 +2,11 @@
 ids: the course's byte-level BPE tokenizer and a one-byte-per-token tokenizer, multi-byte characters split
 at every byte, invalid bytes, stop strings; and its cost per token stays flat as the answer grows."""
 
-import time
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from course_lib.serving.server.text_stream import FullDecodeTextStream, TextStream
+from course_lib.serving.server.text_stream import FullDecodeTextStream, TextStream, cost_per_token_us
 
 
 class ByteTokenizer:
@@ -85,23 +83,15 @@ def test_stop_strings_are_cut_and_never_sent(text, data):
     assert inc.text == full[:cut]
 
 
-def per_token_us(cls, tok, ids, repeats=3) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        s = cls(tok, ("\n\n\n",))
-        t0 = time.perf_counter()
-        for i, t in enumerate(ids):
-            s.push(t, "length" if i == len(ids) - 1 else None)
-        best = min(best, time.perf_counter() - t0)
-    return best / len(ids) * 1e6
-
-
 def test_cost_per_token_is_flat(course_tokenizer):
     from course_lib.serving import prompt_pool
 
     ids = prompt_pool(course_tokenizer, 2048)[:512]
-    short, long = per_token_us(TextStream, course_tokenizer, ids[:32]), per_token_us(TextStream, course_tokenizer, ids)
-    full_long = per_token_us(FullDecodeTextStream, course_tokenizer, ids)
+    short, long = (
+        cost_per_token_us(TextStream, course_tokenizer, ids[:32]),
+        cost_per_token_us(TextStream, course_tokenizer, ids),
+    )
+    full_long = cost_per_token_us(FullDecodeTextStream, course_tokenizer, ids)
     print(f"incremental: {short:.1f} µs/token at 32, {long:.1f} at 512; full decode: {full_long:.1f} at 512")
     assert long < 2.5 * short  # O(1) amortised: 16× the tokens, about the same cost each
     assert long < full_long / 3  # and far below decoding everything again

@@ -111,3 +111,23 @@ class FullDecodeTextStream:
             return ""
         piece, self.shown = text[self.shown : limit], limit
         return piece
+
+
+def cost_per_token_us(cls, tokenizer, ids, repeats: int = 3, stop: tuple[str, ...] = ("\n\n\n",)) -> float:
+    """Microseconds a stream class (``TextStream`` or ``FullDecodeTextStream``) spends per pushed token over
+    ``ids``, the best of ``repeats`` passes: what detokenizing adds to each streamed token."""
+    import time
+
+    ids = list(ids)
+    if not ids:
+        raise ValueError("ids must be a non-empty sequence of token ids")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    best = float("inf")
+    for _ in range(repeats):
+        stream = cls(tokenizer, stop)
+        t0 = time.perf_counter()
+        for i, t in enumerate(ids):
+            stream.push(t, "length" if i == len(ids) - 1 else None)
+        best = min(best, time.perf_counter() - t0)
+    return best / len(ids) * 1e6
