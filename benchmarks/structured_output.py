@@ -12,73 +12,9 @@ Not a test: timings are noisy (tests/test_structured_output.py checks the behavi
 """
 
 import argparse
-import json
-import time
 
-from course_lib.engine import Engine, SamplingParams
-
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer"},
-        "tags": {"type": "array", "items": {"type": "string"}},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
-PROMPTS = ['config = {"name": ', "# a user record as JSON\nuser = ", "data = json.loads('{\"", "person = "]
-
-
-def fits(text: str, schema: bool) -> bool:
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return False
-    if not isinstance(doc, dict):
-        return False
-    if not schema:
-        return True
-    return (
-        set(doc) <= set(SCHEMA["properties"])
-        and isinstance(doc.get("name"), str)
-        and isinstance(doc.get("age"), int)
-        and all(isinstance(t, str) for t in doc.get("tags", []))
-    )
-
-
-def run(engine: Engine, structured, n: int, max_tokens: int) -> dict:
-    params = [
-        SamplingParams(temperature=0.8, seed=i, max_new_tokens=max_tokens, structured=structured) for i in range(n)
-    ]
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
-    g = engine.grammars
-    seconds0, tokens0 = g.mask_seconds, g.masked_tokens
-    t0 = time.perf_counter()
-    steps = 0
-    for i, (p, sp) in enumerate(zip(prompts, params)):
-        engine.add_request(p, sp, request_id=i)
-    out = {i: [] for i in range(n)}
-    reasons = {}
-    while engine.has_unfinished():
-        steps += 1
-        for ev in engine.step():
-            out[ev.request].append(ev.token_id)
-            if ev.finished:
-                reasons[ev.request] = ev.finish_reason
-    wall = time.perf_counter() - t0
-    texts = [engine.tokenizer.decode(out[i], skip_special_tokens=True) for i in range(n)]
-    tokens = sum(len(o) for o in out.values())
-    masked = g.masked_tokens - tokens0
-    return {
-        "parse": sum(fits(t, False) for t in texts) / n,
-        "schema": sum(fits(t, True) for t in texts) / n,
-        "eos": sum(r == "eos" for r in reasons.values()) / n,
-        "tokens": tokens / n,
-        "mask_us": (g.mask_seconds - seconds0) / masked * 1e6 if masked else 0.0,
-        "step_ms": wall / steps * 1e3,
-        "example": texts[0][:70],
-    }
+from course_lib.engine import Engine
+from course_lib.serving.structured_output import compare_modes, format_runs
 
 
 def main() -> None:
@@ -87,15 +23,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=96)
     args = ap.parse_args()
-    engine = Engine(args.model)
-    run(engine, "json", 2, 8)  # warm-up: compile, first batch shapes
-    print(f"{'mode':<14} {'parse':>6} {'schema':>7} {'eos':>5} {'tok/ans':>8} {'mask µs/tok':>12} {'step ms':>8}")
-    for name, structured in (("unconstrained", None), ("json_object", "json"), ("json_schema", json.dumps(SCHEMA))):
-        r = run(engine, structured, args.requests, args.max_tokens)
-        print(
-            f"{name:<14} {r['parse']:>6.0%} {r['schema']:>7.0%} {r['eos']:>5.0%} {r['tokens']:>8.1f} "
-            f"{r['mask_us']:>12.1f} {r['step_ms']:>8.2f}   {r['example']!r}"
-        )
+    print(format_runs(compare_modes(Engine(args.model), args.requests, args.max_tokens)))
 
 
 if __name__ == "__main__":

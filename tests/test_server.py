@@ -539,3 +539,34 @@ def test_engine_process_that_cannot_build_its_engine_says_why():
         proc.start()
     assert "no-such-model" in str(info.value)
     assert not proc.alive
+
+
+def test_scrape_reads_histograms_as_promql_would():
+    import math
+
+    import pytest
+
+    from course_lib.serving.loadgen import scrape
+
+    text = "\n".join(
+        [
+            "# HELP course_x_seconds x",
+            "# TYPE course_x_seconds histogram",
+            'course_x_seconds_bucket{le="0.001"} 0.0',
+            'course_x_seconds_bucket{le="0.01"} 5.0',
+            'course_x_seconds_bucket{le="0.1"} 10.0',
+            'course_x_seconds_bucket{le="+Inf"} 10.0',
+            "course_x_seconds_sum 0.3",
+            "course_x_seconds_count 10.0",
+            "",
+        ]
+    )
+    h = scrape.histograms(text, "course_x_seconds")["course_x_seconds"]
+    assert h.count == 10 and h.counts() == [0.0, 5.0, 5.0, 0.0]
+    assert scrape.quantile(h, 0.5) == pytest.approx(0.01)  # the 5th observation closes the second bucket
+    assert scrape.quantile(h, 0.75) == pytest.approx(0.01 + 0.09 * 0.5)  # halfway through the third
+    assert math.isnan(scrape.quantile(scrape.Histogram("e", (math.inf,), (0.0,), 0.0, 0.0), 0.5))
+    with pytest.raises(ValueError, match="no histogram named"):
+        scrape.histograms(text, "course_y_seconds")
+    with pytest.raises(ValueError, match="q must be"):
+        scrape.quantile(h, 1.5)

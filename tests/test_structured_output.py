@@ -135,3 +135,37 @@ def test_server_response_format(engine):
             json={"messages": messages, "response_format": {"type": "json_object"}, "ignore_eos": True},
         )
         assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+
+
+def test_fits_checks_json_and_the_schema():
+    from course_lib.serving.structured_output import SCHEMA as RECORD
+    from course_lib.serving.structured_output import fits
+
+    assert fits('{"name": "a", "age": 3}', RECORD) and fits('{"x": 1}')
+    assert not fits('{"name": "a"}', RECORD)  # age is required
+    assert not fits('{"name": "a", "age": "3"}', RECORD)  # wrong type
+    assert not fits("[1, 2]") and not fits('{"name": ') and not fits("")
+    with pytest.raises(ValueError, match="text must be a str"):
+        fits(None)
+
+
+def test_compare_modes_measures_what_the_chapter_claims(engine):
+    from course_lib.serving.structured_output import MODES, compare_modes, format_runs, run_constrained
+
+    runs = compare_modes(engine, requests=4, max_tokens=32)
+    assert [r.mode for r in runs] == list(MODES)
+    for r in runs[1:]:  # constrained: whatever ended, parsed (the grammar's promise)
+        assert r.ended == 0 or r.ended_parse == 1.0, r
+        assert r.mask_us > 0 and 0 < r.mask_share < 1
+    assert runs[0].mask_us == 0.0
+    assert runs[2].schema == runs[2].parse  # under the schema grammar, what parses fits
+    assert "json_schema" in format_runs(runs)
+    for kwargs, words in (
+        (dict(mode="yaml"), "mode must be one of"),
+        (dict(mode="json_object", requests=0), "requests must be an int"),
+        (dict(mode="json_object", max_tokens=True), "max_tokens must be an int"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            run_constrained(engine, **kwargs)
+    with pytest.raises(ValueError, match="non-empty list"):
+        format_runs([])

@@ -1,0 +1,135 @@
+"""Constrained decoding, measured: what a grammar on the sampler seam costs per token, and what it buys.
+
+A server that promises JSON (OpenAI's ``response_format``) either hopes the model writes it, or constrains
+it: before each sampled token, a grammar matcher (xgrammar, as vLLM and SGLang use) marks the tokens that
+keep the output a valid prefix, and the rest of the vocabulary is masked to −∞ (``engine/structured.py``).
+The forward pass does not change, so the cost is the mask: CPU work per row per step, beside a decode step
+that on a GPU takes milliseconds. What it buys is every answer that *ends* parsing; an answer cut by
+``max_tokens`` is still an unfinished prefix. ``compare_modes`` runs the same seeded requests unconstrained,
+as a JSON object and against a schema, and counts both. Introduced in 06_batching_serving.ipynb.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import jsonschema
+
+from course_lib.engine import SamplingParams
+
+#: The schema the constrained answers must fit: a small user record.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+#: Prompts that invite JSON from a code model (tiny-target has no instruction tuning).
+PROMPTS = ('config = {"name": ', "# a user record as JSON\nuser = ", "data = json.loads('{\"", "person = ")
+#: mode name → ``SamplingParams.structured`` (None: no constraint)
+MODES = {"unconstrained": None, "json_object": "json", "json_schema": json.dumps(SCHEMA)}
+
+
+def fits(text: str, schema: dict | None = None) -> bool:
+    """Does ``text`` parse as one JSON object (and, with ``schema``, validate against it, by ``jsonschema``)?"""
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a str, got {type(text).__name__}")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return False
+    if not isinstance(doc, dict):
+        return False
+    if schema is None:
+        return True
+    try:
+        jsonschema.validate(doc, schema)
+    except jsonschema.ValidationError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class ConstrainedRun:
+    """One mode over the same requests: shares of answers that parse / fit the schema / ended on their own."""
+
+    mode: str
+    requests: int
+    parse: float  # share of answers that parse as a JSON object
+    schema: float  # share that also fit SCHEMA
+    ended: float  # share that ended on their own (EOS or the grammar's end), not at max_tokens
+    ended_parse: float  # among those that ended: the share that parse (1.0 is the grammar's promise)
+    tokens: float  # mean tokens per answer
+    mask_us: float  # mean cost of the mask per row per step (µs); 0 unconstrained
+    mask_share: float  # the mask's share of the run's wall time
+    example: str
+
+    def row(self) -> str:
+        return (
+            f"{self.mode:<14} {self.parse:>6.0%} {self.schema:>7.0%} {self.ended:>6.0%} "
+            f"{f'{self.ended_parse:.0%}' if self.ended else '—':>11} "
+            f"{self.tokens:>8.1f} {self.mask_us:>9.1f} {self.mask_share:>7.1%}   {self.example!r}"
+        )
+
+
+def run_constrained(engine, mode: str, requests: int = 8, max_tokens: int = 64, seed: int = 0) -> ConstrainedRun:
+    """The same ``requests`` seeded, sampled (temperature 0.8) requests on ``engine``, batched, in ``mode``."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    for name, value in (("requests", requests), ("max_tokens", max_tokens)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if engine.has_unfinished():
+        raise ValueError("engine must be idle (no unfinished requests) before a timed run")
+    grammars = engine.grammars
+    mask_s0, masked0 = grammars.mask_seconds, grammars.masked_tokens
+    out: dict[int, list[int]] = {i: [] for i in range(requests)}
+    reasons: dict[int, str] = {}
+    t0 = time.perf_counter()
+    for i in range(requests):
+        params = SamplingParams(temperature=0.8, seed=seed + i, max_new_tokens=max_tokens, structured=MODES[mode])
+        engine.add_request(PROMPTS[i % len(PROMPTS)], params, request_id=i)
+    while engine.has_unfinished():
+        for ev in engine.step():
+            out[ev.request].append(ev.token_id)
+            if ev.finished:
+                reasons[ev.request] = ev.finish_reason
+    wall = time.perf_counter() - t0
+    texts = [engine.tokenizer.decode(out[i], skip_special_tokens=True) for i in range(requests)]
+    ended = [i for i in range(requests) if reasons.get(i) != "length"]
+    masked = grammars.masked_tokens - masked0
+    mask_s = grammars.mask_seconds - mask_s0
+    return ConstrainedRun(
+        mode=mode,
+        requests=requests,
+        parse=sum(fits(t) for t in texts) / requests,
+        schema=sum(fits(t, SCHEMA) for t in texts) / requests,
+        ended=len(ended) / requests,
+        ended_parse=sum(fits(texts[i]) for i in ended) / len(ended) if ended else float("nan"),
+        tokens=sum(len(o) for o in out.values()) / requests,
+        mask_us=mask_s / masked * 1e6 if masked else 0.0,
+        mask_share=mask_s / wall if wall > 0 else 0.0,
+        example=texts[0][:60],
+    )
+
+
+def compare_modes(engine, requests: int = 8, max_tokens: int = 64) -> list[ConstrainedRun]:
+    """Every mode of ``MODES`` over the same requests, after an untimed warm-up (grammar compilation)."""
+    run_constrained(engine, "json_object", requests=2, max_tokens=4)  # compile, first shapes: not timed
+    return [run_constrained(engine, mode, requests, max_tokens) for mode in MODES]
+
+
+def format_runs(runs: list[ConstrainedRun]) -> str:
+    if not runs:
+        raise ValueError("runs must be a non-empty list of ConstrainedRun (from compare_modes)")
+    head = (
+        f"{'mode':<14} {'parse':>6} {'schema':>7} {'ended':>6} {'ended→parse':>11} {'tok/ans':>8} "
+        f"{'mask µs':>9} {'of wall':>7}"
+    )
+    return "\n".join([head, "-" * len(head), *(r.row() for r in runs)])
