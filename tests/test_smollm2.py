@@ -101,6 +101,34 @@ def test_engine_greedy_equals_hf_generate_and_stops_at_im_end(engine):
     assert res.text.strip() == "The capital of France is Paris."
 
 
+def test_the_loader_reads_every_tensor_into_its_own_memory(smollm2_cache):
+    """from_folder reads the file tensor by tensor (no memory map kept alive): equal to safetensors' reader,
+    the tied embedding shared, nothing left on the meta device."""
+    from safetensors import safe_open
+
+    folder = smollm2_cache / "models" / NAME
+    model, _ = gguf.from_folder(folder)
+    params = dict(model.named_parameters())
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+        for key in (keys[0], keys[len(keys) // 2], keys[-1]):
+            assert torch.equal(params[key], f.get_tensor(key)), key
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+
+
+def test_the_packed_engine_answers_the_same_with_half_the_weights(engine, smollm2_cache, monkeypatch):
+    """linear='packed': one oneDNN copy of each projection, the plain ones freed (the HF model's too)."""
+    monkeypatch.setenv("COURSE_CACHE_DIR", str(smollm2_cache))
+    packed = Engine(NAME, linear="packed", config=SchedulerConfig(max_model_len=256, max_num_seqs=2))
+    ids = chat_ids(packed.tokenizer)
+    a = engine.generate([ids], SamplingParams(max_new_tokens=12))[0]
+    b = packed.generate([ids], SamplingParams(max_new_tokens=12))[0]
+    assert a.output_ids == b.output_ids
+    assert packed.hf_model.model.layers[0].self_attn.q_proj.weight.is_meta
+    assert not packed.hf_model.model.embed_tokens.weight.is_meta  # the embedding stays: the engine reads it
+
+
 def test_a_context_longer_than_8k_is_rejected(engine):
     with pytest.raises(ValueError, match="8192"):
         Engine(engine.hf_model, engine.tokenizer, config=SchedulerConfig(max_model_len=8193))

@@ -25,12 +25,13 @@ from pathlib import Path
 
 import torch
 
+from course_lib.core.memory import trim_heap
 from course_lib.engine import generation as _gen
 from course_lib.engine.attention import AttentionBackend, ContiguousBackend
 from course_lib.engine.beam_search import beam_search as _beam_search
 from course_lib.engine.generation import GenerationResult  # noqa: F401 - the engine's result type, named here too
-from course_lib.engine.layers import SkinnyLinear
-from course_lib.engine.model import LlamaEngineModel, check_supported
+from course_lib.engine.layers import PackedLinear, SkinnyLinear
+from course_lib.engine.model import LINEAR_NAMES, LlamaEngineModel, check_supported
 from course_lib.engine.parallel_sampling import fork_samples, sample_ids
 from course_lib.engine.sampler import Sampler
 from course_lib.engine.sampling import SamplingParams
@@ -38,8 +39,20 @@ from course_lib.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConf
 from course_lib.engine.sequence import Sequence, TokenEvent
 from course_lib.engine.structured import Grammars  # TokenEvent: what step() returns, named here too
 
-LINEAR_CHOICES = ("auto", "reference", "skinny")
+LINEAR_CHOICES = ("auto", "reference", "skinny", "packed")
 KV_CACHE_CHOICES = ("contiguous", "paged")
+
+
+def _free_hf_linears(layer) -> None:
+    """Point one HF decoder layer's projection weights at meta tensors, so the packed copies are the only
+    ones (the embedding stays: the engine reads it, and a tied LM head shares it)."""
+    names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    for module in (layer.self_attn, layer.mlp):
+        for name in names:
+            lin = getattr(module, name, None)
+            if lin is not None:
+                meta = torch.empty(lin.weight.shape, dtype=lin.weight.dtype, device="meta")
+                lin.weight = torch.nn.Parameter(meta, requires_grad=False)
 
 
 class Engine:
@@ -59,7 +72,10 @@ class Engine:
         prefix_caching: bool = False,
     ) -> None:
         """``linear``: "reference" (``F.linear`` everywhere), "skinny" (``layers.SkinnyLinear``: decode-shaped
-        products routed to the fastest CPU kernel) or "auto" (skinny for fp32 on a CPU, else reference).
+        products routed to the fastest CPU kernel), "packed" (``layers.PackedLinear``: the same kernel for every
+        shape, and the plain weights freed, the HF model's included: half the memory of "skinny", but
+        ``hf_model`` keeps only its config and embedding and can no longer run) or "auto" (skinny for fp32 on
+        a CPU, else reference).
         ``kv_cache``: "contiguous" (one max-length slab per sequence) or "paged" (``PagedBackend``: blocks of
         ``block_size`` tokens from a shared pool, chapter 05); ignored when ``backend`` is given.
         ``prefix_caching``: reuse the cached KV blocks of a matching prompt prefix (chapter 06); needs
@@ -81,6 +97,12 @@ class Engine:
             )
         if config is not None and not isinstance(config, SchedulerConfig):
             raise ValueError(f"config must be a SchedulerConfig, got {type(config).__name__}")
+        if linear == "packed" and (str(device) != "cpu" or dtype not in ("fp32", "float32", torch.float32)):
+            raise ValueError(
+                f"linear='packed' needs device='cpu' and dtype='fp32', got device={device!r}, dtype={dtype!r}"
+            )
+        if linear == "packed" and not torch.backends.mkldnn.is_available():
+            raise ValueError("linear='packed' needs torch built with oneDNN (torch.backends.mkldnn); use linear='auto'")
         if isinstance(model, (str, Path)):
             from course_lib.models.load import load_model
 
@@ -96,6 +118,13 @@ class Engine:
         if linear == "skinny" or (linear == "auto" and m.device.type == "cpu" and m.dtype == torch.float32):
             for name, lin in list(m.linears()):
                 m.set_linear(name, SkinnyLinear.from_linear(lin))
+        elif linear == "packed":
+            for i, layer in enumerate(model.model.layers):  # layer by layer: the peak is one layer's copy
+                for name in LINEAR_NAMES:
+                    setattr(m.layers[i], name, PackedLinear.from_linear(getattr(m.layers[i], name)))
+                _free_hf_linears(layer)
+            m.set_linear("lm_head", PackedLinear.from_linear(m.lm_head))
+        trim_heap()  # the fused copies' originals (and any plain weights) go back to the OS
         config = config or SchedulerConfig()
         if config.max_model_len is None:
             config = dataclasses.replace(config, max_model_len=m.max_position)

@@ -124,3 +124,49 @@ class SkinnyLinear(Linear):
             except (AttributeError, RuntimeError):  # a torch without these private ops: the reference from now on
                 self.enabled, self._packed = False, None
         return F.linear(x, self.weight, self.bias)
+
+
+def _pack(weight: torch.Tensor, rows_hint: int) -> torch.Tensor:
+    """oneDNN's blocked copy of ``weight`` (out, in), tuned for ``rows_hint`` rows (a private torch op)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint)
+
+
+class PackedLinear(Linear):
+    """``SkinnyLinear`` without the plain copy: the weight lives only in oneDNN's blocked layout, and every
+    shape (a decode step's few rows or a prefill's thousands) runs through the packed kernel. Half the memory
+    of ``SkinnyLinear``, whose plain weight stays for prefill and for the HF model that shares it; the price
+    is that the plain weight is gone (``weight`` is a meta tensor: its shape and dtype only). ``unpacked()``
+    rebuilds it exactly, as ``I · Wᵀ`` (a product with the identity adds only zeros). ``Engine(...,
+    linear="packed")`` uses it for a real model on a small-memory machine (Binder's 1-2 GB)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, rows_hint: int = 16) -> None:
+        super().__init__(weight, bias)
+        if not self.available(weight):
+            raise ValueError(
+                f"PackedLinear needs an fp32 weight on a CPU with oneDNN (torch.backends.mkldnn); got "
+                f"{weight.dtype} on {weight.device}"
+            )
+        self._packed = _pack(weight.detach(), rows_hint)
+        self.weight = torch.empty(weight.shape, dtype=weight.dtype, device="meta")  # shape and dtype only
+
+    @staticmethod
+    def available(weight: torch.Tensor) -> bool:
+        return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+    @classmethod
+    def from_linear(cls, lin: Linear, **kwargs) -> "PackedLinear":
+        return cls(lin.weight, lin.bias, **kwargs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = torch.ops.mkldnn._linear_pointwise(
+            x.reshape(-1, shape[-1]).contiguous(), self._packed, None, "none", [], ""
+        )
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def unpacked(self) -> torch.Tensor:
+        """The plain (out, in) weight again, bit for bit."""
+        eye = torch.eye(self.in_features, dtype=torch.float32)
+        return torch.ops.mkldnn._linear_pointwise(eye, self._packed, None, "none", [], "").t().contiguous()
