@@ -9,7 +9,6 @@ from course_lib.bottlenecks.decode_roofline import (
     bend_batch,
     decode_sweep,
     linear_path,
-    regime,
     time_decode_steps,
 )
 from course_lib.engine import Engine
@@ -78,17 +77,16 @@ def step(batch=1, seconds=(0.02, 0.021, 0.019), flops=1e8, bytes=5e8):
     return DecodeStep("t", batch, 16.0, seconds, flops, bytes)
 
 
-def test_floors_name_the_regime():
+def test_floors_of_a_step():
     d = step()
     f = d.floors(bandwidth=25e9, peak_flops=1e11, overhead_s=1e-3)
     assert f["bandwidth-bound"] == pytest.approx(0.02) and f["compute-bound"] == pytest.approx(1e-3)
-    assert regime(f) == "bandwidth-bound"
-    assert regime(d.floors(bandwidth=25e9, peak_flops=1e11, overhead_s=0.05)) == "overhead-bound"
-    assert regime(step(flops=1e10).floors(bandwidth=25e9, peak_flops=1e11)) == "compute-bound"
+    assert f["overhead-bound"] == 1e-3
+    assert step(flops=1e10).floors(bandwidth=25e9, peak_flops=1e11)["compute-bound"] == pytest.approx(0.1)
     with pytest.raises(ValueError, match="overhead_s"):
         d.floors(bandwidth=25e9, peak_flops=1e11, overhead_s=-1)
-    with pytest.raises(ValueError, match="floors"):
-        regime({})
+    with pytest.raises(ValueError, match="bandwidth"):
+        d.floors(bandwidth=0, peak_flops=1e11)
 
 
 def test_decode_step_validates():

@@ -84,7 +84,7 @@ class DecodeStep:
 
     def floors(self, *, bandwidth: float, peak_flops: float, overhead_s: float = 0.0) -> dict[str, float]:
         """The three floors of this step in seconds: bytes ÷ bandwidth, FLOPs ÷ peak, and ``overhead_s``
-        (ops × per-op cost: Horace He's third regime). The largest names the regime (``regime``)."""
+        (ops × per-op cost: Horace He's third regime); the largest is what the step cannot beat."""
         if not isinstance(overhead_s, (int, float)) or not math.isfinite(overhead_s) or overhead_s < 0:
             raise ValueError(f"overhead_s must be a finite number of seconds >= 0, got {overhead_s!r}")
         return {
@@ -92,13 +92,6 @@ class DecodeStep:
             "compute-bound": self.flops / check_positive("peak_flops", peak_flops),
             "overhead-bound": float(overhead_s),
         }
-
-
-def regime(floors: dict[str, float]) -> str:
-    """The name of the largest floor of ``DecodeStep.floors``: what a step cannot run faster than."""
-    if not floors or any(not isinstance(v, (int, float)) or not v >= 0 for v in floors.values()):
-        raise ValueError(f"floors must map names to seconds >= 0, got {floors!r}")
-    return max(floors, key=floors.get)
 
 
 def linear_path(engine, rows: int) -> str:
