@@ -764,6 +764,7 @@ fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=plots.DPI)
 plots.plot_roofline(
     [roof], [r.point(f"b={r.batch}") for r in sweep_rows], ax=ax1, title="SmolLM2 decode on the measured roofline"
 )
+ax1.legend(fontsize=6, loc="lower right")  # the upper left holds the ceilings of the small batches
 decode_plots.plot_tpot_vs_batch(
     sweep_rows,
     sweep_floor,
