@@ -140,8 +140,9 @@ def context_ttft(engine, questions, retriever: BM25Retriever, k: int = 2) -> dic
 
 
 def prefix_cache_ttft(engine, questions, k: int = 2, retriever: BM25Retriever | None = None) -> dict:
-    """Median TTFT of the same requests with a cold prefix (a unique nonce before the system prompt) and with
-    the system prompt's blocks already cached (one untimed request put them there). Needs prefix caching."""
+    """Median TTFT of the same requests with a cold prefix (a unique tag before the system prompt) and with
+    the system prompt's blocks already cached (one untimed request put them there; the tag then follows the
+    system prompt, so nothing after it matches). Needs prefix caching."""
     backend = engine.backend
     if not getattr(backend, "prefix_caching", False):
         raise ValueError("engine must be built with kv_cache='paged', prefix_caching=True")
@@ -157,8 +158,12 @@ def prefix_cache_ttft(engine, questions, k: int = 2, retriever: BM25Retriever | 
     for label in ("cold", "warm"):
         times, hits0, queries0 = [], backend.prefix_hits, backend.prefix_queries
         for i, q in enumerate(questions):
-            nonce = f"[cold {i}] " if label == "cold" else ""
-            times.append(ttft(engine, build_prompt(tok, q["question"], docs(q), nonce=nonce)))
+            # cold: a tag before the system prompt (nothing matches); warm: the same tag after it, in the user
+            # turn, so only the system prompt is shared (not a whole prompt an earlier run already cached)
+            tag = f"[{label} {i}] "
+            question = q["question"] if label == "cold" else tag + q["question"]
+            prompt = build_prompt(tok, question, docs(q), nonce=tag if label == "cold" else "")
+            times.append(ttft(engine, prompt))
         out[label] = {
             "ttft_s": statistics.median(times),
             "hit_share": (backend.prefix_hits - hits0) / max(1, backend.prefix_queries - queries0),
