@@ -149,7 +149,7 @@ print(f"one decode step dispatches {n_ops} torch ops")
 # %%
 # NBVAL_IGNORE_OUTPUT
 c_batches = course_lib.pick((1, 2, 4, 8), (1, 2, 4, 8, 16))
-c_long, C_NEW = course_lib.pick(512, 2048), course_lib.pick(16, 32)
+c_long, C_NEW = course_lib.pick(256, 2048), course_lib.pick(16, 32)
 chat = chat_model.chat_engine(max_model_len=c_long + 8, max_num_seqs=max(c_batches), device=DEV, dtype=DT)
 cshape = accounting.ModelShape.from_config(chat.hf_model.config, name="smollm2-135m-instruct")
 c_params = accounting.param_count(cshape)
