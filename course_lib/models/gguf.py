@@ -298,15 +298,17 @@ def _file_mappings(folder: Path) -> list[tuple[int, int]]:
     ranges = []
     for line in lines:
         parts = line.split(maxsplit=5)
-        if len(parts) == 6 and parts[5].startswith(prefix) and "w" not in parts[1]:  # read-only maps only
+        if len(parts) == 6 and parts[5].startswith(prefix):
             lo, hi = (int(x, 16) for x in parts[0].split("-"))
             ranges.append((lo, hi))
     return ranges
 
 
 def _release_file_pages(tensor: torch.Tensor, mapped: list[tuple[int, int]]) -> None:
-    """Drop the resident pages of ``tensor`` if it lies in a read-only file mapping (``madvise(DONTNEED)``:
-    a later read faults them in again from the file, so nothing is lost); anything else is left alone."""
+    """Drop the resident pages of ``tensor`` if it lies in a memory map of a file (``madvise(DONTNEED)``; the
+    safetensors map is private and writable, ``rw-p``). Only whole pages inside the tensor's own bytes, of a
+    tensor whose values were just copied and never written: a later read faults them in again from the file,
+    so nothing is lost. Anything outside those maps (the heap, anonymous memory) is left alone."""
     start = tensor.data_ptr()
     end = start + tensor.numel() * tensor.element_size()
     if not any(lo <= start and end <= hi for lo, hi in mapped):
