@@ -28,8 +28,8 @@ def test_chat_ids_are_the_template_the_tokenizer_applies(chat):
     assert ids == list(ref)
     text = chat.tokenizer.decode(ids)
     assert QUESTION in text and text.endswith("<|im_start|>assistant\n")
-    with_system = chat_model.chat_ids(chat.tokenizer, QUESTION, system="Answer in one word.")
-    assert "Answer in one word." in chat.tokenizer.decode(with_system) and len(with_system) > len(ids)
+    with_system = chat.tokenizer.decode(chat_model.chat_ids(chat.tokenizer, QUESTION, system="Answer in one word."))
+    assert "Answer in one word." in with_system and "named SmolLM" in text and "named SmolLM" not in with_system
 
 
 def test_a_chat_answer_talks_and_keeps_every_gap(chat):
