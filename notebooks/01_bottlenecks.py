@@ -596,9 +596,9 @@ if dips:
 # ## 4b · Decode on a real model: SmolLM2-135M-Instruct on the course engine
 #
 # *Claim.* Section 4 timed decode through `transformers`' plain forward. A serving engine does better:
-# the course's `Engine` with `linear="auto"` (its default) sends every fp32 matmul of up to 16 rows on
-# a CPU to oneDNN, on a weight packed once into oneDNN's blocked layout (`engine.layers.SkinnyLinear`):
-# its fastest CPU path. On a model whose weights are far larger than the last-level cache, a batch-1
+# the course's `Engine` with `linear="packed"` sends every fp32 matmul on a CPU to oneDNN, on a weight
+# packed once into oneDNN's blocked layout (`engine.layers.PackedLinear`): its fastest CPU path, and the
+# packed copy is the only one (the default `linear="auto"` keeps the plain weights too, +0.5 GB here). On a model whose weights are far larger than the last-level cache, a batch-1
 # decode step then has to stream every weight from DRAM once, so its time per output token (TPOT)
 # should sit near bytes ÷ bandwidth. NVIDIA's *Mastering LLM Techniques: Inference Optimization*
 # names the ratio **model bandwidth utilisation**: MBU = (weights + KV cache a step reads) ÷ TPOT ÷
@@ -617,7 +617,7 @@ smol_engine = Engine(
     "smollm2-135m-instruct",
     device=DEV,
     dtype=DT,
-    linear="auto",
+    linear="packed" if DEV == "cpu" and DT == "fp32" else "auto",
     config=SchedulerConfig(  # a small KV cache: rows for the largest batch, each just long enough
         max_model_len=smol_ctx + smol_warmup + max(smol_steps, smol_steps_b1) + 1,
         max_num_seqs=max(smol_batches),
@@ -841,9 +841,10 @@ if rss_before:
 # hundreds (section 6). The compute floor assumes the matmul peak that a 1024-wide matmul reached in
 # chapter 00; SmolLM2's matrices are 576 wide and a few rows tall, so past the ridge its steps can run
 # well below that peak (the third verdict), and a measured bend earlier than the ridge batch is the sign. The engine's
-# kernel choice is part of the curve too: `SkinnyLinear` packs weights for at most `max_packed_rows=16`
-# rows and hands larger batches to `F.linear`, so a change of slope right after 16 can be the library,
-# not the roofline (the line above says which way it went here). The per-sequence work — attention
+# kernel choice is part of the curve too: here every batch runs the same packed oneDNN kernel, but the
+# default `linear="auto"` (`SkinnyLinear`) packs weights for at most `max_packed_rows=16` rows and hands
+# larger batches to `F.linear`, so with it a change of slope right after 16 can be the library, not the
+# roofline (a line above says so when a run has the switch). The per-sequence work — attention
 # over each sequence's own KV cache, the sampler, the scheduler's bookkeeping — grows with the batch
 # whatever the weights do; at this short context it is small, but it is why a real curve is never
 # perfectly flat below the ridge.

@@ -194,9 +194,10 @@ print(f"{len(pool)} prompt tokens; the first 12 decode to {engine.tokenizer.deco
 #
 # This is a lesson for a model whose weights do not fit in the cache and whose matmuls are wide enough
 # to keep the vector units busy: SmolLM2-135M-Instruct. Its engine gets a KV cache just big enough for
-# one sequence of the longest prompt (46 KB per token in fp32), not the default 64 × 8,192 slots, and
-# multiplies with `F.linear` on the model's own weights (the CPU's skinny-product kernel of part 2,
-# section 6, would keep a second, packed copy of all 538 MB: too much for a 1.5 GB notebook).
+# one sequence of the longest prompt (46 KB per token in fp32), not the default 64 × 8,192 slots, and on
+# a CPU it multiplies with oneDNN on weights packed once (`linear="packed"`), freeing the plain copy: the
+# default `linear="auto"` (the skinny-product kernel of part 2, section 6) keeps both copies of the
+# 538 MB, too much for a 1.5 GB notebook.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

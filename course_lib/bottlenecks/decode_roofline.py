@@ -17,7 +17,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from course_lib.engine.layers import SkinnyLinear
+from course_lib.core.memory import trim_heap
+from course_lib.engine.layers import PackedLinear, SkinnyLinear
 from course_lib.engine.sampling import SamplingParams
 from course_lib.measure.costs import check_positive_int
 from course_lib.measure.profiling import count_ops
@@ -96,9 +97,12 @@ class DecodeStep:
 
 def linear_path(engine, rows: int) -> str:
     """Which kernel the engine's matmuls use for ``rows`` tokens in a step: oneDNN on the packed weight
-    (``SkinnyLinear`` up to its ``max_packed_rows``) or ``F.linear``."""
+    (``PackedLinear`` at every row count, ``SkinnyLinear`` up to its ``max_packed_rows``) or ``F.linear``."""
     check_positive_int("rows", rows)
-    skinny = [lin for _, lin in engine.model.linears() if isinstance(lin, SkinnyLinear) and lin.enabled]
+    lins = [lin for _, lin in engine.model.linears()]
+    if lins and all(isinstance(lin, PackedLinear) for lin in lins):
+        return "oneDNN packed"
+    skinny = [lin for lin in lins if isinstance(lin, SkinnyLinear) and lin.enabled]
     if skinny and rows <= min(lin.max_packed_rows for lin in skinny):
         return "oneDNN packed"
     return "F.linear"
@@ -108,14 +112,7 @@ def release_memory() -> int:
     """Collect garbage and hand freed heap memory back to the OS (glibc's ``malloc_trim``; elsewhere only
     the collection): call it after ``del engine``, so the next section starts from a smaller footprint.
     Returns this process's resident bytes afterwards (0 where /proc is absent)."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # no glibc (macOS, Windows): the collection is all there is
-        pass
+    trim_heap()
     try:
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))

@@ -4,8 +4,8 @@ SmolLM2-135M-Instruct's fp32 weights (538 MB) are far larger than a CPU's last-l
 streams them from DRAM every step (bandwidth-bound) and its prefill is compute-bound from a few dozen
 tokens on: the regime the latency lesson is about, where the 5M tiny model is overhead-bound.
 ``chat_engine`` builds the engine with a small KV cache (the default reserves 64 × 8,192 slots of 46 KB,
-far over a 1.5 GB budget) and with ``F.linear`` for its products (the CPU's skinny-product kernel would
-keep a second, packed copy of all 538 MB), ``chat_ids`` applies the model's own chat template, and ``chat_answer``
+far over a 1.5 GB budget) and, on a CPU in fp32, with ``linear="packed"``: oneDNN's packed weights, the
+plain ones freed (the default ``"auto"`` would keep both copies of the 538 MB), ``chat_ids`` applies the model's own chat template, and ``chat_answer``
 generates a greedy answer that stops at the end-of-turn token, keeping every token's timestamp (TTFT,
 TPOT, and each inter-token latency). Introduced in 02_metrics_1_latency.ipynb.
 """
@@ -31,13 +31,14 @@ def chat_engine(
     max_num_batched_tokens: int | None = None,
     device: str = "cpu",
     dtype: str = "fp32",
-    linear: str = "reference",
+    linear: str | None = None,
 ) -> Engine:
     """An ``Engine`` of ``model`` whose contiguous KV cache holds only ``max_num_seqs`` × ``max_model_len``
     tokens (SmolLM2 fp32: 46 KB each). ``max_num_batched_tokens`` (default: enough for the longest prompt
     in one step, so a prefill is one forward pass, not chunks) caps the tokens of one step. ``linear``:
-    the engine's linear seam ("reference" = ``F.linear`` on the model's own weights, no second copy;
-    "skinny" packs every weight again for the CPU's decode kernel: +538 MB for this model)."""
+    the engine's linear seam (default: "packed" on a CPU in fp32, the fastest kernel and one copy of the
+    weights; else "auto"). "reference" is ``F.linear`` on the plain weights; "skinny" keeps the plain weights
+    and a packed copy (+538 MB for this model)."""
     check_positive_int("max_model_len", max_model_len)
     check_positive_int("max_num_seqs", max_num_seqs)
     if max_model_len < 2:
@@ -45,6 +46,8 @@ def chat_engine(
     budget = max(2048, max_model_len * max_num_seqs) if max_num_batched_tokens is None else max_num_batched_tokens
     check_positive_int("max_num_batched_tokens", budget)
     config = SchedulerConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+    if linear is None:
+        linear = "packed" if str(device) == "cpu" and dtype in ("fp32", "float32") else "auto"
     return Engine(model, device=device, dtype=dtype, config=config, linear=linear)
 
 
