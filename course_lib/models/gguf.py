@@ -276,11 +276,37 @@ def from_folder(folder: str | Path, dtype: torch.dtype = torch.float32):
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
     # from_pretrained leaves the tensors in the memory-mapped file. Once the engine fuses q/k/v and gate/up
     # into new tensors, the other views keep the whole mapping alive, so the process holds the file's pages
-    # and the fused copy: ~1.24 GB instead of ~0.99 GB for this model. Own copies free the mapping.
-    with torch.no_grad():
-        for tensor in list(model.parameters()) + list(model.buffers()):
-            tensor.data = tensor.data.clone()
+    # and the fused copy: ~1.24 GB instead of ~0.99 GB for this model. Own copies free the mapping. They are
+    # read with plain file reads, not through the mapping: cloning the mapped tensors would make every page
+    # of the file resident next to its copy (peak ~1.49 GB from a fresh process instead of ~1.0 GB).
+    _own_copies(model, folder / "model.safetensors")
     return model.eval(), tokenizer
+
+
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64}
+
+
+def _own_copies(model, path: Path) -> None:
+    """Give every parameter and buffer of ``model`` its own memory: those stored in the safetensors file
+    ``path`` are read from it with ``readinto`` (the page cache, not this process, holds the file's pages),
+    converted to the parameter's dtype; the rest (tied or computed tensors) are cloned."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        base = 8 + n
+        with torch.no_grad():
+            for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+                info = header.get(name)
+                file_dtype = _SAFETENSORS_DTYPES.get(info["dtype"]) if info else None
+                if file_dtype is None or list(info["shape"]) != list(tensor.shape):
+                    tensor.data = tensor.data.clone()
+                    continue
+                start, end = info["data_offsets"]
+                fresh = torch.empty(info["shape"], dtype=file_dtype)
+                f.seek(base + start)
+                if f.readinto(fresh.reshape(-1).view(torch.uint8).numpy()) != end - start:
+                    raise OSError(f"{path}: tensor {name} is truncated")
+                tensor.data = fresh if file_dtype == tensor.dtype else fresh.to(tensor.dtype)
 
 
 def load(name: str, dtype: torch.dtype = torch.float32):
