@@ -78,8 +78,8 @@ if "google.colab" in sys.modules:
 #   grouped-query attention, head dim 64, an 8,192-token window; card `data/models/smollm2-135m-instruct.md`),
 #   wherever the regime matters: its fp32 weights (538 MB) are far larger than a CPU's last-level cache, so a
 #   cached decode step streams them from memory as a GPU's does (section 1), its cache is a real GQA cache
-#   with an 8k window to size against real memories (section 2), and the paged pool serves its real shapes
-#   (section 5). In quick mode its engine gets a short `max_model_len` and the torch reference linear layers:
+#   with an 8k window to size against real memories, and a paged pool serves its real shapes (both in
+#   section 2; section 5 builds the pool on tiny-target). In quick mode its engine gets a short `max_model_len` and the torch reference linear layers:
 #   one contiguous row of the full window (its size is printed in section 1) and the fast CPU kernel's
 #   packed copy of the weights would each push the chapter past the 1.5 GB a Binder session has.
 # * **tiny-target** (5M parameters, trained by the course) where training or a sweep over whole
@@ -192,7 +192,7 @@ my_smol_step_ratio = None  # × at L = 256
 smol = Engine(
     "smollm2-135m-instruct",
     device=DEV,
-    config=SchedulerConfig(max_model_len=pick(1024, 8192), max_num_seqs=4),
+    config=SchedulerConfig(max_model_len=pick(512, 8192), max_num_seqs=4),
     linear=pick("reference", "auto"),
 )
 row_bytes = smol.backend.bytes_per_token * smol.model.max_position
@@ -201,7 +201,7 @@ print(
     f"this engine's rows: {smol.config.max_model_len:,} slots"
 )
 smol_rows = recompute.step_rows(
-    smol, lengths=pick((32, 256, 1024), (32, 256, 1024, 2048, 8192)), recompute_max=pick(256, 2048), repeats=pick(2, 5)
+    smol, lengths=pick((32, 256, 512), (32, 256, 1024, 2048, 8192)), recompute_max=pick(256, 2048), repeats=pick(2, 5)
 )
 print(recompute.format_step_rows(smol_rows, "SmolLM2-135M-Instruct fp32"))
 print(peaks.provenance)
@@ -238,6 +238,7 @@ chat_prompts = [
     for q in ("What is the capital of France?", "Write a Python function that reverses a string.")
 ]
 p_chat = SamplingParams(max_new_tokens=pick(8, 48), ignore_eos=True)
+chat_prompts = chat_prompts[: pick(1, 2)]  # quick mode: one conversation (recomputing every step is the slow path)
 with_cache = smol.generate(chat_prompts, p_chat)
 without = smol.generate(chat_prompts, p_chat, use_kv_cache=False)
 print(
@@ -306,6 +307,30 @@ print(
 # A 135M-parameter model's cache is small per token, but a few long conversations outweigh its weights
 # (printed above): on a GPU it is the cache, not the weights, that limits how many conversations run at once.
 #
+# What a cache holds is not what it reserves. The engine's contiguous cache reserves `max_model_len` slots per
+# live sequence from its first token; section 5 builds the alternative, a pool of fixed-size blocks that a
+# sequence takes only as it grows (PagedAttention). Its effect on the chat model, measured now while the
+# model is loaded: three conversations served by the contiguous cache, then by a paged pool swapped into the
+# same engine (a second engine would copy the weights), with the pool's tensors checked against the formula.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+smol_prompts = [
+    smol.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+    for q in ("What is the capital of France?", "Give me three tips for a good night's sleep.", "What is a KV cache?")
+]
+smol_run = paged_serving.paged_vs_contiguous(
+    smol, smol_prompts, SamplingParams(max_new_tokens=pick(8, 64), ignore_eos=True)
+)
+print(smol_run)
+print(
+    f"the pool reserved {smol_run.paged_peak / smol_run.contiguous_peak:.1%} of the slab's bytes at max_model_len "
+    f"{smol_run.max_model_len}, {smol_run.paged_peak / smol_run.contiguous_at_context:.2%} of a slab at the full window"
+)
+del smol  # the chat model's part of the chapter ends here: free its weights and cache
+_ = gc.collect()
+
+# %% [markdown]
 # For bigger models the numbers are large. *Predict* the KV bytes per token of Llama-2-7B in fp16 (32 layers,
 # 32 KV heads of 128), then read the table: which models use grouped-query attention, and what does it do
 # to the cache at 4k tokens?
@@ -665,29 +690,6 @@ out = tight.generate(prompts, p)
 print("  identical:", [r.output_ids for r in out] == ref)
 
 # %% [markdown]
-# On the chat model: the same three conversations served by its contiguous cache, then by a paged pool
-# swapped into the same engine (a second engine would copy the weights). The slab reserves `max_model_len`
-# slots per live sequence from its first token; the pool only the blocks each has grown into. The pool's
-# tensors are checked against the formula as the slab's were in section 2.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-smol_prompts = [
-    smol.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-    for q in ("What is the capital of France?", "Give me three tips for a good night's sleep.", "What is a KV cache?")
-]
-smol_run = paged_serving.paged_vs_contiguous(
-    smol, smol_prompts, SamplingParams(max_new_tokens=pick(8, 64), ignore_eos=True)
-)
-print(smol_run)
-print(
-    f"the pool reserved {smol_run.paged_peak / smol_run.contiguous_peak:.1%} of the slab's bytes at max_model_len "
-    f"{smol_run.max_model_len}, {smol_run.paged_peak / smol_run.contiguous_at_context:.2%} of a slab at the full window"
-)
-del smol  # free the chat model's engine (weights and cache) before the rest of the chapter
-_ = gc.collect()
-
-# %% [markdown]
 # What does paging cost per step? The torch path gathers each sequence's blocks into a contiguous view
 # before attention, which copies the cache once per layer: on a bandwidth-bound step that is extra traffic.
 # *Predict* the ratio of a paged decode step to a contiguous one at batch 8, context 256.
@@ -815,10 +817,13 @@ ch05.check_kv_stream_ms(answer, bandwidth=peaks.bandwidth, model="llama-2-7b", b
 # ## Summary
 #
 # * The KV cache trades memory for compute: total work from quadratic to linear in the length. How much
-#   time it saves depends on what else a step costs; on a small model, fixed overhead hides much of it.
+#   time it saves depends on what else a step costs; on a small model, fixed overhead hides much of it. On
+#   the chat model a cached step streams the weights, a floor that barely moves with the context, while a
+#   recomputing step's FLOPs grow with it.
 # * Its size is 2 · layers · KV heads · head dim · bytes per token, per request: at long contexts and large
 #   batches it outgrows the weights and sets both the memory limit and the decode time.
-# * MQA and GQA divide it by the group size; pooling heads costs quality, and a short uptraining recovers
+# * MQA and GQA divide it by the group size (SmolLM2's 3 KV heads for 9 query heads: a third of MHA's cache,
+#   three times the conversations per GPU); pooling heads costs quality, and a short uptraining recovers
 #   most of it.
 # * FlashAttention computes exact attention without the T×T scores: memory linear in T, traffic far lower.
 # * PagedAttention allocates the cache in blocks: waste falls from most of the reservation to a few percent,
