@@ -180,3 +180,23 @@ def test_the_chat_models_cache_matches_the_formula(smollm2_cache, monkeypatch):
     rows = recompute.step_rows(smol, lengths=(16,), repeats=1, peaks=PEAKS)
     # fp32 weights ≫ any cache: the cached step is bandwidth-bound, recomputing 15 tokens compute-bound
     assert rows[0].bound(True) == "bandwidth" and rows[0].bound(False) == "compute"
+
+
+def test_from_folder_reads_its_own_copies_of_the_file(smollm2_cache):
+    """models.gguf.from_folder (the chat model's load, RSS-bound in this chapter) reads each tensor with plain
+    file reads: the same values as safetensors' own reader, in the dtype asked for, no tensor left on the map."""
+    from safetensors.torch import load_file
+
+    from course_lib.models import gguf
+
+    folder = smollm2_cache / "models" / "smollm2-135m-instruct"
+    stored = load_file(str(folder / "model.safetensors"))
+    model, _ = gguf.from_folder(folder)
+    params = dict(model.named_parameters())
+    assert set(stored) <= set(params) | {n for n, _ in model.named_buffers()}
+    for name, t in stored.items():
+        assert torch.equal(params[name], t), name
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
+    half, _ = gguf.from_folder(folder, torch.bfloat16)
+    w = dict(half.named_parameters())["model.layers.0.mlp.down_proj.weight"]
+    assert w.dtype == torch.bfloat16 and torch.equal(w, stored["model.layers.0.mlp.down_proj.weight"].bfloat16())
