@@ -71,10 +71,27 @@ if "google.colab" in sys.modules:
 # * FlashAttention: the online softmax, a Triton kernel, and the memory it does not allocate;
 # * PagedAttention: blocks, block tables, reference counts and copy-on-write, and the memory they stop
 #   wasting.
+#
+# **Models in this chapter.** Two, each where it decides the lesson:
+#
+# * **SmolLM2-135M-Instruct**, the course's real chat model (30 layers, 9 query heads sharing 3 KV heads:
+#   grouped-query attention, head dim 64, an 8,192-token window; card `data/models/smollm2-135m-instruct.md`),
+#   wherever the regime matters: its fp32 weights (538 MB) are far larger than a CPU's last-level cache, so a
+#   cached decode step streams them from memory as a GPU's does (section 1), its cache is a real GQA cache
+#   with an 8k window to size against real memories, and a paged pool serves its real shapes (both in
+#   section 2; section 5 builds the pool on tiny-target). In quick mode its engine gets a short `max_model_len` and the torch reference linear layers:
+#   one contiguous row of the full window (its size is printed in section 1) and the fast CPU kernel's
+#   packed copy of the weights would each push the chapter past the 1.5 GB a Binder session has.
+# * **tiny-target** (5M parameters, trained by the course) where training or a sweep over whole
+#   generations is needed: the on/off sweep (recomputing every step is quadratic, affordable only on a tiny
+#   model), the MHA/GQA/MQA decode timing (random models of one shape), pooling KV heads and uptraining
+#   (training SmolLM2 is beyond a CPU's budget), and the mechanics of FlashAttention and paging.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # %matplotlib inline
+import gc
+
 import matplotlib.pyplot as plt
 import torch
 from IPython.display import display
@@ -88,6 +105,7 @@ from course_lib.kernels import flash_attention_costs as fac
 from course_lib.kernels import interpreter_on
 from course_lib.kernels.online_softmax import online_softmax_steps
 from course_lib.kv import (
+    budget,
     engine_check,
     explorer,
     formulas,
@@ -95,14 +113,16 @@ from course_lib.kv import (
     heads_timing,
     on_off,
     paged_memory,
+    paged_serving,
     paged_timing,
     plots,
+    recompute,
     uptraining,
 )
 from course_lib.measure import hardware, microbench, references
 from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
-from course_lib.models.accounting import ModelShape, kv_bytes_per_token
+from course_lib.models.accounting import ModelShape, kv_bytes_per_token, weight_bytes
 
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
@@ -150,6 +170,84 @@ claim("both paths produce the same greedy tokens", float(onoff.same_tokens), at_
 # parameter model costs a fixed few milliseconds of per-layer overhead whatever its size, and the cached
 # path pays that fixed cost just as often as the uncached one.
 #
+# ### The chat model: one token with and without the cache
+#
+# SmolLM2 is in the other regime. With the cache, the step that makes a sequence L tokens long is one token
+# attending to L − 1 stored keys: it streams all the fp32 weights (538 MB, its card) plus the cache for 2·params FLOPs,
+# so its floor is bytes / bandwidth and barely moves with L. Without the cache the step recomputes all
+# L − 1 tokens: 2·params·(L − 1) FLOPs over the same weights read once, compute-bound, growing with L.
+# Each row below times both steps at one length and prints the roofline floor, max(FLOPs / peak,
+# bytes / bandwidth), from this machine's measured peaks. The full sweep over whole generations is
+# quadratic: on a CPU it is tiny-target's job, above. Quick mode runs the no-cache step only up to
+# L = 256 (a prefill of 255 tokens: its FLOPs and floor are in the table), and the cached step up to the
+# engine's short `max_model_len`; longer no-cache rows show the floor only ("not run").
+#
+# *Predict:* at L = 256, how many times longer does the no-cache step take than the cached one?
+
+# %%
+my_smol_step_ratio = None  # × at L = 256
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+smol = Engine(
+    "smollm2-135m-instruct",
+    device=DEV,
+    config=SchedulerConfig(max_model_len=pick(512, 8192), max_num_seqs=4),
+    linear=pick("reference", "auto"),
+)
+row_bytes = smol.backend.bytes_per_token * smol.model.max_position
+print(
+    f"one contiguous row of the full {smol.model.max_position:,}-token window: {row_bytes / 1e6:.0f} MB; "
+    f"this engine's rows: {smol.config.max_model_len:,} slots"
+)
+smol_rows = recompute.step_rows(
+    smol, lengths=pick((32, 256, 512), (32, 256, 1024, 2048, 8192)), recompute_max=pick(256, 2048), repeats=pick(2, 5)
+)
+print(recompute.format_step_rows(smol_rows, "SmolLM2-135M-Instruct fp32"))
+print(peaks.provenance)
+at256 = next(r for r in smol_rows if r.length == 256)
+compare_prediction(
+    "no-cache ÷ cached step at L = 256", my_smol_step_ratio, theory=at256.predicted_speedup, measured=at256.speedup
+)
+first, last_run = smol_rows[0], max((r for r in smol_rows if r.recompute_s), key=lambda r: r.length)
+claim(
+    f"the cached step barely grows with L ({first.length} → {smol_rows[-1].length}; floor ratio "
+    f"{smol_rows[-1].floor_s(True) / first.floor_s(True):.2f})",
+    smol_rows[-1].cached_s / first.cached_s,
+    at_most=1.5,
+    why_not="a noisy neighbour during one row, or SDPA's cost over a long cache on few cores",
+)
+claim(
+    f"the cache's speed-up grows with L ({first.length} → {last_run.length}; the floors' ratio grows "
+    f"{last_run.predicted_speedup / first.predicted_speedup:.1f}×)",
+    last_run.speedup / first.speedup,
+    at_least=1.5,
+    why_not="a fixed per-step cost (dispatch over 30 layers) that the short no-cache step pays as much as the long one",
+)
+
+# %% [markdown]
+# Where the measured cached step sits far above its floor, the gap is what the floor does not count:
+# per-layer dispatch (30 layers, small matrices) and, in quick mode, torch's plain linear layers rather
+# than the fast CPU kernel. Both paths must produce the same tokens: a chat prompt, greedy, with and
+# without the cache.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+chat_prompts = [
+    smol.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+    for q in ("What is the capital of France?", "Write a Python function that reverses a string.")
+]
+p_chat = SamplingParams(max_new_tokens=pick(8, 48), ignore_eos=True)
+chat_prompts = chat_prompts[: pick(1, 2)]  # quick mode: one conversation (recomputing every step is the slow path)
+with_cache = smol.generate(chat_prompts, p_chat)
+without = smol.generate(chat_prompts, p_chat, use_kv_cache=False)
+print(
+    "greedy tokens identical with and without the cache:",
+    [r.output_ids for r in with_cache] == [r.output_ids for r in without],
+)
+print(repr(with_cache[0].text))
+
+# %% [markdown]
 # ## 2 · How big the cache is
 #
 # Each token stores a key and a value vector per layer per KV head: **2 · layers · KV heads · head dim ·
@@ -161,7 +259,79 @@ target = Engine("tiny-target", device=DEV)
 print(engine_check.engine_kv_check(target))
 
 # %% [markdown]
-# For real models the numbers are large. *Predict* the KV bytes per token of Llama-2-7B in fp16 (32 layers,
+# The same check on the chat model's cache (its engine has a short `max_model_len`, so one row is small).
+# *Predict* first: SmolLM2 in fp32, 30 layers, 3 KV heads of 64.
+
+# %%
+my_smol_kv_bytes = None  # B/token
+
+# %%
+# NBVAL_CHECK_OUTPUT
+smol_shape = recompute.engine_shape(smol)
+smol_check = engine_check.engine_kv_check(smol)
+print(smol_check)
+compare_prediction(
+    "SmolLM2 fp32 KV bytes per token",
+    my_smol_kv_bytes,
+    theory=kv_bytes_per_token(smol_shape, "fp32"),
+    measured=smol_check.tensor_bytes_per_token,
+)
+
+# %% [markdown]
+# How much of it fits? The budget is what is left for the cache: this machine's free RAM now (the weights
+# are already loaded), or 90% of a GPU's memory minus the weights in 16 bits (datasheets in
+# `data/gpu_specs.json`; a T4 has no bf16, so fp16). Beside the model's own 3 KV heads, the same shape with a
+# KV head per query head (MHA, 9) and with one (MQA): what grouped-query attention buys.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+budgets = [budget.ram_budget("fp32"), budget.gpu_budget(smol_shape, "T4"), budget.gpu_budget(smol_shape, "H200 SXM")]
+for b in budgets:
+    print(f"{b.name:<26} {b.kv_bytes / 1e9:6.1f} GB for the KV cache in {b.kv_dtype}  ({b.source})")
+cap = budget.capacity_rows(smol_shape, budgets)
+print(budget.format_capacity(cap))
+h200 = {r.variant.split()[0]: r for r in cap if r.budget.startswith("H200")}
+print(
+    f"with 9 KV heads (MHA) each token would store {h200['MHA'].bytes_per_token / h200['GQA'].bytes_per_token:.0f}× "
+    f"more: on one H200, {h200['GQA'].sequences:,} full 8k-token conversations fit with GQA, "
+    f"{h200['MHA'].sequences:,} with MHA, {h200['MQA'].sequences:,} with MQA"
+)
+conv = kv_bytes_per_token(smol_shape, "bf16") * smol_shape.max_position
+w16 = weight_bytes(smol_shape, "bf16")
+print(
+    f"one full-window conversation holds {conv / 1e6:.0f} MB of bf16 cache; the bf16 weights are {w16 / 1e6:.0f} MB: "
+    f"{int(w16 // conv) + 1} conversations outweigh them"
+)
+
+# %% [markdown]
+# A 135M-parameter model's cache is small per token, but a few long conversations outweigh its weights
+# (printed above): on a GPU it is the cache, not the weights, that limits how many conversations run at once.
+#
+# What a cache holds is not what it reserves. The engine's contiguous cache reserves `max_model_len` slots per
+# live sequence from its first token; section 5 builds the alternative, a pool of fixed-size blocks that a
+# sequence takes only as it grows (PagedAttention). Its effect on the chat model, measured now while the
+# model is loaded: three conversations served by the contiguous cache, then by a paged pool swapped into the
+# same engine (a second engine would copy the weights), with the pool's tensors checked against the formula.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+smol_prompts = [
+    smol.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+    for q in ("What is the capital of France?", "Give me three tips for a good night's sleep.", "What is a KV cache?")
+]
+smol_run = paged_serving.paged_vs_contiguous(
+    smol, smol_prompts, SamplingParams(max_new_tokens=pick(8, 64), ignore_eos=True)
+)
+print(smol_run)
+print(
+    f"the pool reserved {smol_run.paged_peak / smol_run.contiguous_peak:.1%} of the slab's bytes at max_model_len "
+    f"{smol_run.max_model_len}, {smol_run.paged_peak / smol_run.contiguous_at_context:.2%} of a slab at the full window"
+)
+del smol  # the chat model's part of the chapter ends here: free its weights and cache
+_ = gc.collect()
+
+# %% [markdown]
+# For bigger models the numbers are large. *Predict* the KV bytes per token of Llama-2-7B in fp16 (32 layers,
 # 32 KV heads of 128), then read the table: which models use grouped-query attention, and what does it do
 # to the cache at 4k tokens?
 
@@ -647,10 +817,13 @@ ch05.check_kv_stream_ms(answer, bandwidth=peaks.bandwidth, model="llama-2-7b", b
 # ## Summary
 #
 # * The KV cache trades memory for compute: total work from quadratic to linear in the length. How much
-#   time it saves depends on what else a step costs; on a small model, fixed overhead hides much of it.
+#   time it saves depends on what else a step costs; on a small model, fixed overhead hides much of it. On
+#   the chat model a cached step streams the weights, a floor that barely moves with the context, while a
+#   recomputing step's FLOPs grow with it.
 # * Its size is 2 · layers · KV heads · head dim · bytes per token, per request: at long contexts and large
 #   batches it outgrows the weights and sets both the memory limit and the decode time.
-# * MQA and GQA divide it by the group size; pooling heads costs quality, and a short uptraining recovers
+# * MQA and GQA divide it by the group size (SmolLM2's 3 KV heads for 9 query heads: a third of MHA's cache,
+#   three times the conversations per GPU); pooling heads costs quality, and a short uptraining recovers
 #   most of it.
 # * FlashAttention computes exact attention without the T×T scores: memory linear in T, traffic far lower.
 # * PagedAttention allocates the cache in blocks: waste falls from most of the reservation to a few percent,
