@@ -79,9 +79,10 @@ if "google.colab" in sys.modules:
 #   wherever the regime matters: its fp32 weights (538 MB) are far larger than a CPU's last-level cache, so a
 #   cached decode step streams them from memory as a GPU's does (section 1), its cache is a real GQA cache
 #   with an 8k window to size against real memories, and a paged pool serves its real shapes (both in
-#   section 2; section 5 builds the pool on tiny-target). In quick mode its engine gets a short `max_model_len` and the torch reference linear layers:
-#   one contiguous row of the full window (its size is printed in section 1) and the fast CPU kernel's
-#   packed copy of the weights would each push the chapter past the 1.5 GB a Binder session has.
+#   section 2; section 5 builds the pool on tiny-target). In quick mode its engine gets a short
+#   `max_model_len`, and on a CPU its weights live only in oneDNN's packed layout (`linear="packed"`):
+#   one contiguous row of the full window (its size is printed in section 1), or the plain weights kept
+#   beside the packed copy (`linear="auto"`), would each push the chapter past the 1.5 GB a Binder session has.
 # * **tiny-target** (5M parameters, trained by the course) where training or a sweep over whole
 #   generations is needed: the on/off sweep (recomputing every step is quadratic, affordable only on a tiny
 #   model), the MHA/GQA/MQA decode timing (random models of one shape), pooling KV heads and uptraining
@@ -193,7 +194,7 @@ smol = Engine(
     "smollm2-135m-instruct",
     device=DEV,
     config=SchedulerConfig(max_model_len=pick(512, 8192), max_num_seqs=4),
-    linear=pick("reference", "auto"),
+    linear="packed" if DEV == "cpu" else "auto",
 )
 row_bytes = smol.backend.bytes_per_token * smol.model.max_position
 print(
