@@ -108,7 +108,7 @@ def test_tp4_replicated_gqa_equals_one_process():
     assert [(r["heads"], r["kv_heads"]) for r in res.ranks] == [(2, 1)] * 4  # KV head 0 on ranks 0-1, 1 on 2-3
     assert res.logits_close(atol=1e-5) and res.argmax_equal and res.greedy_equal
     assert res.memory_total("peak_rss") >= res.memory_total("pss") > 0
-    assert "TP=4" in str(res)
+    assert "TP=4" in str(res) and len(res.answers) == 2 and res.startup_s("tp") > 0
 
 
 def test_tp_equality_refuses_bad_input_before_launching():
