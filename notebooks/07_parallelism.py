@@ -66,6 +66,14 @@ if "google.colab" in sys.modules:
 #   stays inside a node; sequence parallelism around it;
 # * pipeline parallelism, its bubble (p − 1)/(m + p − 1), and how micro-batches shrink it;
 # * replicas for throughput, and why on a 2-core machine every split is a lesson rather than a speed-up.
+#
+# **Models in this chapter.** The tiny course models (tiny-target: 6 layers, 8 query heads, 2 KV heads;
+# tiny-target-mqa: one KV head) wherever a section launches groups of processes many times over — the
+# step times of section 4, the pipeline bubble, the replicas — because on 2 cores the model's own compute
+# must stay small beside the start-up and communication being measured. SmolLM2-135M-Instruct, the course's
+# real chat model, in section 4b: its 9 query heads and 3 KV heads cannot split over 2 ranks at all, and
+# TP = 3 over its 30 layers shows that the split gives the same logits and answers on a model that talks.
+# The memory planning of section 1 uses the published shapes of Llama, Mistral and Qwen.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -90,8 +98,10 @@ from course_lib.parallel import (
     pp_schedule,
     replica,
     tp_comm,
+    tp_equal,
     tp_measure,
     tp_model,
+    tp_plan,
 )
 
 torch.manual_seed(0)
@@ -282,9 +292,14 @@ for key in ("nvlink4_h100_bandwidth", "pcie_x16_bandwidth", "infiniband_ndr_band
 # the first matrix is split by **columns** (q/k/v by heads, the MLP's gate and up by features), each rank
 # computes its heads or features with no communication, and the second matrix (o, down) is split by **rows**,
 # so each rank produces a partial sum of the full output and one all-reduce adds them. With grouped-query
-# attention each rank keeps whole KV heads: tiny-target (8 query heads, 2 KV heads) splits over 2 ranks, not 4.
+# attention (Ainslie et al.) a KV head serves a group of query heads and cannot be cut; each rank keeps
+# the KV heads its own query heads read. When there are more ranks than KV heads, each KV head is
+# **replicated** on p / Hkv ranks, as vLLM does: tiny-target (8 query heads, 2 KV heads) splits over 2
+# ranks with one KV head each, or over 4 with each KV head on 2 ranks; tiny-target-mqa (multi-query: one KV
+# head) puts its KV head on every rank. So p must divide the query heads, and either divide the KV heads or
+# be a multiple of them.
 #
-# First, the output must not change:
+# First, the output must not change, with and without a replicated KV head:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -293,10 +308,16 @@ tiny = Engine("tiny-target")  # one process: the reference
 single = [r.output_ids for r in tiny.generate(prompts, SamplingParams(max_new_tokens=8, ignore_eos=True))]
 tp_out = tp_measure.tp_generate(prompts, world_size=2, max_new_tokens=8)
 print("TP=2 greedy tokens identical to one process, on both ranks:", tp_out[0] == single and tp_out[1] == single)
+mqa = Engine("tiny-target-mqa")
+mqa_single = [r.output_ids for r in mqa.generate(prompts, SamplingParams(max_new_tokens=8, ignore_eos=True))]
+mqa_out = tp_measure.tp_generate(prompts, world_size=2, max_new_tokens=8, model="tiny-target-mqa")
+print("MQA at TP=2 (its one KV head on both ranks), identical on both ranks:", mqa_out == [mqa_single] * 2)
+for heads, kv_heads, ffn in ((8, 2, 640), (8, 1, 640), (9, 3, 1536)):
+    print(f"{heads} query heads, {kv_heads} KV heads: TP degrees {tp_plan.valid_tp_degrees(heads, kv_heads, ffn)}")
 try:
-    tp_model.check_tp_degree(num_heads=8, num_kv_heads=2, ffn_size=640, world_size=4)
+    tp_model.check_tp_degree(num_heads=9, num_kv_heads=3, ffn_size=1536, world_size=2)  # SmolLM2-135M at TP=2
 except ValueError as e:
-    print("TP=4 refused:", str(e)[:150])
+    print("TP=2 refused:", e)
 
 # %% [markdown]
 # *Predict:* on this 2-core machine, is a decode step at TP = 2 (one core per rank, 12 all-reduces per step)
@@ -326,6 +347,83 @@ claim(
     f"({tp_times[2].allreduce.median_s / tp_times[2].allreduce_calls_per_step * 1e3:.2f} ms each here, waiting for "
     "the other rank included), more than the half-step of compute TP saves: tensor parallelism needs a link "
     "much faster than its compute (NVLink), not two processes on one CPU",
+)
+
+# %% [markdown]
+# Replication costs memory, not communication: a rank that holds a replicated KV head stores its cache for
+# every token, so the KV bytes per token on each rank stop shrinking at p = Hkv, and the ranks together hold
+# p / Hkv times the one-process cache. Computed from each model's shape:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from course_lib.models.accounting import ModelShape  # noqa: E402
+from course_lib.parallel import tp_load  # noqa: E402
+
+SMOL = "smollm2-135m-instruct"
+smol_shape = ModelShape.from_config(tp_load.model_config(SMOL))
+kv_rows = [
+    ("tiny-target-mqa (fp32)", ModelShape.from_embedded("tiny-target-mqa"), 2, 4),
+    ("tiny-target (fp32)", ModelShape.from_embedded("tiny-target"), 4, 4),
+    ("SmolLM2-135M (fp32)", smol_shape, 3, 4),
+    ("Llama-3-70B (bf16)", ModelShape.from_name("llama-3-70b"), 8, 2),
+    ("Llama-3-70B (bf16)", ModelShape.from_name("llama-3-70b"), 16, 2),
+]
+print(tp_plan.format_kv_per_rank(kv_rows))
+mqa_shape = kv_rows[0][1]
+mqa_kv = tp_plan.kv_bytes_per_rank(mqa_shape.num_layers, 1, mqa_shape.head_dim, 2, 4)
+print(f"tiny-target-mqa at TP=2, 1,024 tokens: {mqa_kv * 1024 / 2**20:.2f} MiB of KV on EACH rank, as in one process")
+
+# %% [markdown]
+# ## 4b · A real model: SmolLM2-135M at TP = 3
+#
+# SmolLM2-135M-Instruct has 9 query heads and 3 KV heads: TP = 2 is impossible (above), TP = 3 gives each
+# rank 3 query heads and the one KV head they share, with no replication. Three gloo processes on this
+# 2-core machine, one third of every layer each (its slices read from the checkpoint file, never the whole
+# model: `tp_load`), against one process holding the whole model. The question is equality, not speed:
+# the row-parallel sums are added in another order, so the logits may differ by fp32 rounding, and the
+# greedy tokens must be the same. The reference runs first in a process of its own, then the group: this
+# notebook never holds the model.
+#
+# *Predict:* each rank holds the embedding (tied to the LM head, replicated) and a third of the layers.
+# What share of the one-process weights is that?
+
+# %%
+my_rank_weight_share = None
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+questions = ["What is the capital of France?", "Name three primary colours.", "How many legs does a spider have?"]
+smol = tp_equal.tp_equality(SMOL, 3, questions, chat=True, decode_steps=2, max_new_tokens=pick(8, 24))
+print(smol)
+for q, answer in zip(questions, smol.answers):
+    print(f"  {q!r} → {answer!r}")
+emb = smol_shape.vocab_size * smol_shape.hidden_size * 4
+compare_prediction(
+    "one rank's weights ÷ one process's",
+    my_rank_weight_share,
+    theory=(emb + (smol.single["weight_bytes"] - emb) / 3) / smol.single["weight_bytes"],
+    measured=smol.ranks[0]["weight_bytes"] / smol.single["weight_bytes"],
+)
+claim(
+    f"TP=3 logits equal one process's to fp32 rounding (max |Δ| ≤ 1e-3; largest |logit| {smol.max_abs_logit:.0f})",
+    smol.max_abs_diff,
+    at_most=1e-3,
+)
+claim(
+    "TP=3 picks the same top token at every position, and the same greedy answers on every rank",
+    float(smol.argmax_equal and smol.greedy_equal),
+    at_least=1.0,
+)
+rank = smol.ranks[0]
+claim(
+    "the three ranks together occupy at most 1.5 GB (sum of PSS: shared library pages counted once)",
+    smol.memory_total("pss") / 1e9,
+    at_most=1.5,
+    why_not=f"each rank holds {rank['weight_bytes'] / 2**20:.0f} MiB of weights, but its process already held "
+    f"{rank['rss_before_load'] / 2**20:.0f} MiB before loading anything (Python, torch, the launcher) and "
+    f"{(rank['memory']['rss'] - rank['rss_before_load'] - rank['weight_bytes']) / 2**20:.0f} MiB more besides the "
+    "weights at the end (transformers' modules, the tokenizer, the reference logits it compares against, the KV "
+    "cache): on GPUs the weights dominate; three CPU processes mostly pay for their libraries three times",
 )
 
 # %% [markdown]
@@ -586,6 +684,9 @@ ch07.check_link_vs_memory(answer, beta=fits["all_reduce"].beta, bandwidth=peaks.
 # * Tensor parallelism adds an all-reduce to every block of every token: it pays only on a link much faster
 #   than the compute it saves, which is why it lives inside an NVLink node; sequence parallelism splits the
 #   rest of the block at no extra communication.
+# * A rank keeps whole heads: p divides the query heads, and divides the KV heads or is a multiple of them;
+#   past p = Hkv each KV head is replicated (vLLM's rule), so the KV cache per rank stops shrinking. SmolLM2's
+#   9 query heads split 3 ways, not 2, and TP = 3 must give one process's tokens (section 4b checks it).
 # * Pipeline parallelism passes activations once per stage but idles (p − 1)/(m + p − 1) of the time, a
 #   little more with the hand-off time; micro-batches shrink the bubble, never to zero, and only while each
 #   carries enough work to hide its fixed costs.

@@ -15,6 +15,7 @@ import torch
 from course_lib.engine import Engine, SamplingParams
 from course_lib.parallel.launcher import launch
 from course_lib.parallel.tp_comm import Comm, tp_comm_bytes
+from course_lib.parallel.tp_equal import logits_run
 from course_lib.parallel.tp_measure import TPStepTimes, _step_worker
 from course_lib.parallel.tp_model import shard_model, tp_engine
 
@@ -23,42 +24,9 @@ WORLD = 2
 ATOL = RTOL = 1e-5
 
 
-def _forward_all(engine, handles, chunks, starts, last_only: bool = False) -> torch.Tensor:
-    """Logits (N, V) at every new token of one flat step (``Engine.forward`` keeps only the last ones),
-    or (B, V) at each sequence's last token with ``last_only``."""
-    flat, pos = [], []
-    for chunk, s in zip(chunks, starts):
-        flat += chunk
-        pos += range(s, s + len(chunk))
-    ids, pos = torch.tensor(flat), torch.tensor(pos)  # (N,), (N,)
-    meta = engine.backend.prepare(handles, [len(c) for c in chunks], pos)
-    last = torch.tensor([len(c) for c in chunks]).cumsum(0) - 1 if last_only else None  # (B,)
-    return engine.model(ids, pos, meta, engine.backend, logits_indices=last)
-
-
-@torch.inference_mode()
 def _logits_run(engine, prompts=PROMPTS, decode_steps: int = 2, last_only: bool = False) -> list[torch.Tensor]:
     """A prefill of ``prompts`` (all positions), then greedy decode steps of one token per sequence."""
-    ids = engine.encode(prompts)
-    kv = engine.backend
-    handles = [kv.allocate() for _ in ids]
-    try:
-        for h, p in zip(handles, ids):
-            kv.append(h, len(p))
-        logits = _forward_all(engine, handles, ids, [0] * len(ids), last_only)  # (N, V) or (B, V)
-        out = [logits]
-        ends = torch.tensor([len(p) for p in ids]).cumsum(0) - 1 if not last_only else torch.arange(len(ids))
-        toks, starts = logits[ends].argmax(-1).tolist(), [len(p) for p in ids]
-        for _ in range(decode_steps):
-            for h in handles:
-                kv.append(h, 1)
-            logits = _forward_all(engine, handles, [[t] for t in toks], starts)  # (B, V)
-            out.append(logits)
-            toks, starts = logits.argmax(-1).tolist(), [s + 1 for s in starts]
-        return out
-    finally:
-        for h in handles:
-            kv.free(h)
+    return logits_run(engine, prompts, decode_steps, last_only)
 
 
 def _stats(engine) -> dict:
@@ -89,6 +57,10 @@ def _tp_worker(rank: int, world_size: int) -> dict:
     res["greedy_sp"] = [r.output_ids for r in sp.generate(PROMPTS, greedy)]
     default = tp_engine(rank, world_size)  # the default linear (skinny on a CPU), as the notebook runs it
     res["greedy_default"] = [r.output_ids for r in default.generate(PROMPTS, greedy)]
+    mqa = tp_engine(rank, world_size, "tiny-target-mqa", linear="reference")  # 1 KV head: replicated on both ranks
+    res["mqa"] = _logits_run(mqa)
+    res["mqa_heads"] = (mqa.model.num_heads, mqa.backend.num_kv_heads, mqa.model.rank_shard.kv_replicas)
+    res["greedy_mqa"] = [r.output_ids for r in mqa.generate(PROMPTS, greedy)]
     res["step_times"] = _step_worker(
         rank, world_size, batch=2, context=8, repeats=2, warmup=1
     )  # what tp_step_times runs
@@ -98,6 +70,15 @@ def _tp_worker(rank: int, world_size: int) -> dict:
 @pytest.fixture(scope="module")
 def ranks():
     return launch(_tp_worker, WORLD, threads_per_worker=1, timeout_s=120)
+
+
+@pytest.fixture(scope="module")
+def single_mqa():
+    engine = Engine("tiny-target-mqa", linear="reference")
+    return {
+        "logits": _logits_run(engine),
+        "greedy": [r.output_ids for r in engine.generate(PROMPTS, SamplingParams(max_new_tokens=8))],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -203,17 +184,24 @@ def test_world_size_one_is_the_single_process_engine(single):
     assert engine.model.comm.sent_bytes == 0
 
 
+def test_mqa_replicates_its_kv_head_and_matches_single_process(ranks, single_mqa):
+    for rank, r in enumerate(ranks):
+        assert r["mqa_heads"] == (4, 1, 2)  # 4 query heads, the one KV head, held by both ranks
+        _close(r["mqa"], single_mqa["logits"], f"MQA TP rank {rank}")
+        assert r["greedy_mqa"] == single_mqa["greedy"]
+
+
 @pytest.mark.parametrize(
     "model, world_size, names",
     [
-        ("tiny-target", 3, "num_attention_heads=8"),
-        ("tiny-target", 4, "num_key_value_heads=2"),
-        ("tiny-target-mqa", 2, "num_key_value_heads=1"),
+        ("tiny-target", 3, r"does not divide num_attention_heads=8 .*valid world_size .*: \[1, 2, 4, 8\]"),
+        ("tiny-target", 16, "num_attention_heads=8"),
+        ("tiny-target-mqa", 3, r"num_attention_heads=8.*\[1, 2, 4, 8\]"),
     ],
 )
 def test_world_size_must_divide_heads(model, world_size, names):
     with pytest.raises(ValueError, match=names):
-        tp_engine(0, world_size, model)
+        tp_engine(0, world_size, model)  # refused before any process group or weight
 
 
 def test_bad_rank_and_double_sharding(single):

@@ -5,8 +5,10 @@ Submodules (imported on first use, so importing the package stays cheap and star
 - communication: ``collectives`` measures gloo collectives, ``alpha_beta`` is the ring α–β model and its
   fit, ``interconnects`` the sourced NVLink / PCIe / InfiniBand figures, ``planning`` the memory and time
   of a real model under tensor × pipeline parallelism;
-- tensor parallelism: ``tp_comm`` (the counted collectives), ``tp_layers`` (column- and row-parallel
-  linears), ``tp_model`` (the sharded model and its engine), ``sequence_parallel``, ``tp_measure``;
+- tensor parallelism: ``tp_plan`` (which heads each rank keeps; KV heads replicated past Hkv), ``tp_comm``
+  (the counted collectives), ``tp_layers`` (column- and row-parallel linears), ``tp_load`` (a rank's
+  slices read from the checkpoint), ``tp_model`` (the sharded model and its engine), ``sequence_parallel``,
+  ``tp_measure``, ``tp_equal`` (TP against one process, logit for logit);
 - pipeline parallelism: ``pp_schedule`` (GPipe and its bubble), ``pp_stages`` (one stage's work and
   send/recv), ``pp_measure`` (generation and the measured bubble);
 - ``plots`` draws the chapter's figures.

@@ -17,22 +17,32 @@ from course_lib.engine.layers import Linear, SkinnyLinear
 from course_lib.parallel.tp_comm import Comm
 
 
+def take_rows(weight: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
+    """The rows [start, stop) of each range, concatenated into a new tensor (own memory: the full weight
+    can be freed). A fused (Σ out, in) weight is cut per part (q | k | v): one slice of the whole would give
+    rank 0 all of q."""
+    for start, stop in ranges:
+        if not 0 <= start < stop <= weight.shape[0]:
+            raise ValueError(f"row range [{start}, {stop}) is not inside the {weight.shape[0]} rows of the weight")
+    if ranges[0][0] == 0 and ranges[-1][1] == weight.shape[0] and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])):
+        return weight  # every row in order (world_size 1): share it, copy nothing
+    return torch.cat([weight[start:stop] for start, stop in ranges], dim=0).contiguous()  # (Σ rows, in)
+
+
 def shard_rows(weight: torch.Tensor, segments: list[int], rank: int, world_size: int) -> torch.Tensor:
-    """Rows of each segment of a fused weight (e.g. q | k | v), rank's 1/p of each, concatenated.
-    A fused (Σ out, in) weight must be split per segment: slicing the whole would give rank 0 all of q."""
+    """Rows of each segment of a fused weight (e.g. q | k | v), rank's 1/p of each, concatenated."""
     if sum(segments) != weight.shape[0]:
         raise ValueError(f"segments {segments} do not add up to the {weight.shape[0]} rows of the weight")
     if world_size == 1:
         return weight
-    parts = []
-    start = 0
+    ranges, start = [], 0
     for size in segments:
         if size % world_size:
             raise ValueError(f"a segment of {size} rows cannot be split over world_size={world_size}")
         step = size // world_size
-        parts.append(weight[start + rank * step : start + (rank + 1) * step])  # (out/p, in)
+        ranges.append((start + rank * step, start + (rank + 1) * step))  # (out/p, in) of this segment
         start += size
-    return torch.cat(parts, dim=0).contiguous()
+    return take_rows(weight, ranges)
 
 
 def _local(weight: torch.Tensor, bias: torch.Tensor | None, like: Linear) -> Linear:
@@ -55,6 +65,12 @@ class ColumnParallelLinear(Linear):
         segments = segments or [lin.out_features]
         bias = None if lin.bias is None else shard_rows(lin.bias[:, None], segments, rank, world_size)[:, 0]
         return cls(shard_rows(lin.weight, segments, rank, world_size), bias, like=lin)
+
+    @classmethod
+    def from_rows(cls, lin: Linear, ranges: list[tuple[int, int]]) -> ColumnParallelLinear:
+        """Keep the given output rows (e.g. ``RankShard.qkv_rows``: a replicated KV head is not an even split)."""
+        bias = None if lin.bias is None else take_rows(lin.bias[:, None], ranges)[:, 0]
+        return cls(take_rows(lin.weight, ranges), bias, like=lin)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (N, in), replicated → (N, out/p), this rank's output features."""
@@ -79,6 +95,15 @@ class RowParallelLinear(Linear):
         weight = lin.weight if world_size == 1 else lin.weight[:, rank * step : (rank + 1) * step].contiguous()
         return cls(weight, comm, lin.bias, like=lin)
 
+    @classmethod
+    def from_columns(cls, lin: Linear, columns: tuple[int, int], comm: Comm) -> RowParallelLinear:
+        """Keep the input columns [start, stop) (e.g. ``RankShard.o_columns``: the outputs of this rank's heads)."""
+        start, stop = columns
+        if not 0 <= start < stop <= lin.in_features:
+            raise ValueError(f"column range [{start}, {stop}) is not inside the {lin.in_features} input features")
+        whole = (start, stop) == (0, lin.in_features)  # world_size 1: share the weight, copy nothing
+        return cls(lin.weight if whole else lin.weight[:, start:stop].contiguous(), comm, lin.bias, like=lin)
+
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         """x (N, in/p), this rank's input features → (N, out): this rank's share of the sum, no bias."""
         return self.local(x)
@@ -89,4 +114,4 @@ class RowParallelLinear(Linear):
         return y if self.bias is None else y + self.bias
 
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "shard_rows"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "shard_rows", "take_rows"]

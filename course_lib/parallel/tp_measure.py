@@ -134,32 +134,46 @@ def tp_step_times(
 
 
 def tp_generate_worker(
-    rank: int, world_size: int, prompts: list[str], max_new_tokens: int = 8, sequence_parallel: bool = False
+    rank: int,
+    world_size: int,
+    prompts: list[str],
+    max_new_tokens: int = 8,
+    sequence_parallel: bool = False,
+    model: str = "tiny-target",
 ) -> list[list[int]]:
     """Greedy generation on one TP rank (run it under ``launch``): every rank runs the same requests in
     lockstep and returns the same tokens."""
     from course_lib.engine.sampling import SamplingParams
 
     torch.set_num_threads(1)
-    engine = tp_engine(rank, world_size, sequence_parallel=sequence_parallel)
+    engine = tp_engine(rank, world_size, model, sequence_parallel=sequence_parallel)
     params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
     return [r.output_ids for r in engine.generate(prompts, params)]
 
 
 def tp_generate(
-    prompts: list[str], world_size: int = 2, max_new_tokens: int = 8, sequence_parallel: bool = False, timeout_s=180.0
+    prompts: list[str],
+    world_size: int = 2,
+    max_new_tokens: int = 8,
+    sequence_parallel: bool = False,
+    timeout_s=180.0,
+    model: str = "tiny-target",
 ) -> list[list[list[int]]]:
-    """Greedy tokens of ``prompts`` from a TP group of ``world_size`` processes: one list per rank."""
+    """Greedy tokens of ``prompts`` from a TP group of ``world_size`` processes: one list per rank. The split
+    is checked before any process starts."""
     from course_lib.parallel.launcher import launch
+    from course_lib.parallel.tp_load import check_split, model_config
 
     if isinstance(prompts, str) or not prompts:
         raise ValueError("prompts must be a non-empty list of strings")
+    check_split(model_config(model), world_size)
     return launch(
         tp_generate_worker,
         world_size,
         list(prompts),
         max_new_tokens,
         sequence_parallel,
+        model,
         threads_per_worker=1,
         timeout_s=timeout_s,
     )

@@ -1,9 +1,10 @@
 """A tensor-parallel model (Megatron-LM): one rank's shard of the engine's Llama, and an ``Engine`` around it.
 
 ``shard_model`` replaces the engine model's linear layers in place (``course_lib.parallel.tp_layers``):
-- attention is split by heads: rank r keeps H/p query heads and Hkv/p KV heads, so its ``qkv`` is
+- attention is split by heads: rank r keeps H/p query heads and the KV heads they use (Hkv/p of them, or
+  one KV head replicated on p/Hkv ranks when p > Hkv: ``course_lib.parallel.tp_plan``), so its ``qkv`` is
   *column-parallel* (its slice of output features, no communication: the input is replicated) and its
-  KV cache holds only its Hkv/p heads;
+  KV cache holds only its own KV heads;
 - ``o`` and ``down`` are *row-parallel* (their slice of input features): each rank computes a partial sum
   of the full output and ONE all-reduce adds them, so a layer costs two all-reduces of (N, D);
 - ``gate_up`` is column-parallel like ``qkv``; SwiGLU is elementwise, so it runs on the local slice;
@@ -12,7 +13,8 @@
 Decode is bandwidth-bound on weights, so TP divides the bytes each rank reads by p, and adds 2·L
 latency-bound all-reduces of a few KB per step. ``TensorParallelModel`` is what the engine calls (plain TP,
 or sequence parallelism: ``course_lib.parallel.sequence_parallel``); ``tp_engine`` builds an ``Engine`` on
-one rank of a launched group. Introduced in 07_parallelism.ipynb.
+one rank of a launched group, loading only that rank's slices where the checkpoint is a safetensors
+file (``course_lib.parallel.tp_load``). Introduced in 07_parallelism.ipynb.
 """
 
 from __future__ import annotations
@@ -23,47 +25,81 @@ from course_lib.engine.model import LlamaEngineModel
 from course_lib.parallel.sequence_parallel import forward_sp
 from course_lib.parallel.tp_comm import Comm
 from course_lib.parallel.tp_layers import ColumnParallelLinear, RowParallelLinear
+from course_lib.parallel.tp_plan import RankShard, check_tp_degree, kv_heads_per_rank, rank_shard
 
 
-def check_tp_degree(num_heads: int, num_kv_heads: int, ffn_size: int, world_size: int) -> None:
-    """Raise ValueError naming what world_size does not divide (heads, KV heads or the MLP width)."""
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    for name, value in (
-        ("num_attention_heads", num_heads),
-        ("num_key_value_heads", num_kv_heads),
-        ("intermediate_size", ffn_size),
-    ):
-        if value % world_size:
-            hint = " (GQA/MQA: each rank must keep whole KV heads)" if name == "num_key_value_heads" else ""
-            raise ValueError(
-                f"tensor parallelism needs world_size to divide {name}={value}, got world_size={world_size}{hint}"
-            )
+def _wrap_presliced(model: LlamaEngineModel, shard: RankShard, comm: Comm) -> None:
+    """The layers already hold only this rank's rows and columns (``tp_load``): check the shapes, wrap them."""
+    hd, hq, hkv, f = model.head_dim, len(shard.q_heads), len(shard.kv_heads), len(shard.ffn)
+    want = {"qkv": ((hq + 2 * hkv) * hd, None), "o": (None, hq * hd), "gate_up": (2 * f, None), "down": (None, f)}
+    for i, layer in enumerate(model.layers):
+        for name, (rows, cols) in want.items():
+            lin = getattr(layer, name)
+            if (rows or lin.out_features, cols or lin.in_features) != (lin.out_features, lin.in_features):
+                raise ValueError(
+                    f"layers.{i}.{name} is {tuple(lin.weight.shape)}, not rank {shard.rank}'s slice "
+                    f"({rows or lin.out_features}, {cols or lin.in_features}): was it loaded for another (rank, world_size)?"
+                )
+        model.set_linear(f"layers.{i}.qkv", ColumnParallelLinear(layer.qkv.weight, layer.qkv.bias, like=layer.qkv))
+        model.set_linear(f"layers.{i}.o", RowParallelLinear(layer.o.weight, comm, layer.o.bias, like=layer.o))
+        gate_up = layer.gate_up
+        model.set_linear(f"layers.{i}.gate_up", ColumnParallelLinear(gate_up.weight, gate_up.bias, like=gate_up))
+        model.set_linear(
+            f"layers.{i}.down", RowParallelLinear(layer.down.weight, comm, layer.down.bias, like=layer.down)
+        )
 
 
-def shard_model(model: LlamaEngineModel, rank: int, world_size: int, comm: Comm) -> LlamaEngineModel:
+def shard_model(
+    model: LlamaEngineModel, rank: int, world_size: int, comm: Comm, presliced: bool = False
+) -> LlamaEngineModel:
     """Shard ``model`` in place for (rank, world_size): qkv/gate_up column-parallel, o/down row-parallel,
-    embedding, norms and LM head replicated; head counts and sizes updated so ``run_layers`` needs no change."""
+    embedding, norms and LM head replicated; head counts and sizes updated so ``run_layers`` needs no change.
+
+    Each rank keeps the KV heads its query heads use (``tp_plan.rank_shard``): Hkv/p of them, or one
+    replicated KV head when p > Hkv. ``presliced``: the model was loaded with only this rank's slices
+    (``tp_load.load_rank_model``); its layers are wrapped, not cut."""
     if getattr(model, "tensor_parallel", None) is not None:
         raise ValueError(f"this model is already sharded as (rank, world_size)={model.tensor_parallel}")
-    check_tp_degree(model.num_heads, model.num_kv_heads, model.ffn_size, world_size)
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
-    p = world_size
-    for i, layer in enumerate(model.layers):
-        qkv_rows = [model.q_size, model.kv_size, model.kv_size]  # fused rows: q | k | v, each split by heads
-        model.set_linear(f"layers.{i}.qkv", ColumnParallelLinear.from_linear(layer.qkv, rank, p, qkv_rows))
-        model.set_linear(f"layers.{i}.o", RowParallelLinear.from_linear(layer.o, rank, p, comm))
-        ffn_rows = [model.ffn_size, model.ffn_size]  # fused rows: gate | up
-        model.set_linear(f"layers.{i}.gate_up", ColumnParallelLinear.from_linear(layer.gate_up, rank, p, ffn_rows))
-        model.set_linear(f"layers.{i}.down", RowParallelLinear.from_linear(layer.down, rank, p, comm))
-    model.num_heads //= p
-    model.num_kv_heads //= p
+    ffn = model.ffn_size * world_size if presliced else model.ffn_size  # a presliced down has F/p input columns
+    shard = rank_shard(model.num_heads, model.num_kv_heads, ffn, rank, world_size)  # checks rank
+    if presliced:
+        _wrap_presliced(model, shard, comm)
+    else:
+        hd = model.head_dim
+        for i, layer in enumerate(model.layers):
+            qkv_rows = shard.qkv_rows(hd, model.num_heads, model.num_kv_heads)  # q | k | v, by heads
+            model.set_linear(f"layers.{i}.qkv", ColumnParallelLinear.from_rows(layer.qkv, qkv_rows))
+            model.set_linear(f"layers.{i}.o", RowParallelLinear.from_columns(layer.o, shard.o_columns(hd), comm))
+            gate_up = ColumnParallelLinear.from_rows(layer.gate_up, shard.gate_up_rows(ffn))  # gate | up
+            model.set_linear(f"layers.{i}.gate_up", gate_up)
+            ffn_cols = (shard.ffn.start, shard.ffn.stop)
+            model.set_linear(f"layers.{i}.down", RowParallelLinear.from_columns(layer.down, ffn_cols, comm))
+    model.num_heads = len(shard.q_heads)
+    model.num_kv_heads = len(shard.kv_heads)
     model.q_size = model.num_heads * model.head_dim
     model.kv_size = model.num_kv_heads * model.head_dim
-    model.ffn_size //= p
-    model.tensor_parallel = (rank, p)
+    model.ffn_size = len(shard.ffn)
+    model.tensor_parallel = (rank, world_size)
+    model.rank_shard = shard
     return model
+
+
+def release_unsharded(hf_model) -> int:
+    """Free the full projection weights the HF model still holds after ``shard_model`` copied this rank's
+    slices out of them (its q/k/v, o, gate/up and down are views of the engine's fused tensors): returns
+    the bytes released. The HF model keeps its embedding, norms and head, and can no longer run forward."""
+    freed = 0
+    with torch.no_grad():
+        for layer in hf_model.model.layers:
+            for mod in (
+                *(getattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")),
+                *(getattr(layer.mlp, n) for n in ("gate_proj", "up_proj", "down_proj")),
+            ):
+                for t in (mod.weight, mod.bias):
+                    if t is not None and t.numel():
+                        freed += t.numel() * t.element_size()
+                        t.data = t.data.new_empty(0)
+    return freed
 
 
 class TensorParallelModel:
@@ -126,13 +162,11 @@ def tp_engine(
     from course_lib.engine.attention import ContiguousBackend
     from course_lib.engine.engine import Engine
     from course_lib.engine.scheduler import SchedulerConfig
-    from course_lib.models.load import load_model
+    from course_lib.parallel.tp_load import check_split, load_for_rank, model_config
 
-    hf, tokenizer = load_model(model, device=device, dtype=dtype)
-    cfg = hf.config
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    check_tp_degree(heads, kv_heads, cfg.intermediate_size, world_size)
+    if config is not None and not isinstance(config, SchedulerConfig):
+        raise ValueError(f"config must be a SchedulerConfig, got {type(config).__name__}")
+    check_split(model_config(model), world_size)  # before any process group or weight: names the valid sizes
     comm = Comm(rank, world_size, group, reduce_scatter)  # checks rank
     if world_size > 1:
         import torch.distributed as dist
@@ -147,6 +181,10 @@ def tp_engine(
                 f"(rank, world_size)=({rank}, {world_size}) does not match the process group's "
                 f"({dist.get_rank(group)}, {dist.get_world_size(group)})"
             )
+    hf, tokenizer, presliced = load_for_rank(model, rank, world_size, device=device, dtype=dtype)
+    cfg = hf.config
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     config = config or SchedulerConfig()
     max_len = config.max_model_len or cfg.max_position_embeddings
     rows = config.max_num_seqs
@@ -159,12 +197,14 @@ def tp_engine(
             )
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     backend = ContiguousBackend(
-        cfg.num_hidden_layers, kv_heads // world_size, head_dim, max_len, rows, hf.dtype, hf.device
-    )  # 1/p of the KV bytes per token on each rank
+        cfg.num_hidden_layers, kv_heads_per_rank(kv_heads, world_size), head_dim, max_len, rows, hf.dtype, hf.device
+    )  # this rank's KV heads only: 1/p of the KV bytes per token, or one replicated head once p > Hkv
     engine = Engine(hf, tokenizer, device=device, dtype=dtype, config=config, backend=backend, linear=linear)
-    shard_model(engine.model, rank, world_size, comm)
+    shard_model(engine.model, rank, world_size, comm, presliced=presliced)
+    if world_size > 1 and not presliced:
+        release_unsharded(hf)  # the full weights this rank no longer needs
     engine.model = TensorParallelModel(engine.model, comm, sequence_parallel)
     return engine
 
 
-__all__ = ["TensorParallelModel", "check_tp_degree", "shard_model", "tp_engine"]
+__all__ = ["TensorParallelModel", "check_tp_degree", "release_unsharded", "shard_model", "tp_engine"]
