@@ -104,14 +104,17 @@ def test_soft_ce_and_vocab():
     t_ids = torch.tensor([[5, 1], [2, 9], [7, 5], [2, 7]])
     t_p = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.5, 0.5], [0.25, 0.75]])
     # a one-hot teacher inside the vocabulary is the plain cross-entropy; mass outside it is dropped
-    want = -(
-        logits.log_softmax(-1)[0, 1]
-        + logits.log_softmax(-1)[1, 0]
-        + 0.5 * logits.log_softmax(-1)[2, 2]
-        + 0.5 * logits.log_softmax(-1)[2, 1]
-        + 0.25 * logits.log_softmax(-1)[3, 0]
-        + 0.75 * logits.log_softmax(-1)[3, 2]
-    ) / 4
+    want = (
+        -(
+            logits.log_softmax(-1)[0, 1]
+            + logits.log_softmax(-1)[1, 0]
+            + 0.5 * logits.log_softmax(-1)[2, 2]
+            + 0.5 * logits.log_softmax(-1)[2, 1]
+            + 0.25 * logits.log_softmax(-1)[3, 0]
+            + 0.75 * logits.log_softmax(-1)[3, 2]
+        )
+        / 4
+    )
     torch.testing.assert_close(soft_ce(logits, t_ids, t_p, pos), want)
     teacher = [(torch.tensor([[4], [4], [6]]), None)]
     vocab = draft_vocab(teacher, [[1, 1, 3]], 3)
@@ -133,3 +136,28 @@ def test_shipped_smollm2_draft_is_exact(smollm2_cache):
     plain = [r.output_ids for r in smol.generate(prompts, params)]
     res = SpeculativeDecoder(smol, DraftProposer(draft), 3).generate(prompts, params)
     assert [r.output_ids for r in res] == plain
+
+
+def test_draft_cost(target):
+    from course_lib.decoding.draft_cost import alpha_needed, draft_bytes
+    from course_lib.engine.speculative import expected_speedup
+
+    m = target.model
+    b = draft_bytes(target, m.num_layers, m.vocab_size)
+    n_params = sum(p.numel() for p in target.hf_model.parameters())  # tied: the embedding counted once
+    assert b.target == n_params * 4
+    assert b.draft == b.target  # all layers + the whole head is the target itself
+    assert draft_bytes(target, 1, 16).c_bytes < b.head_share
+    a = alpha_needed(1.5, 0.1)
+    assert expected_speedup(a, 4, 0.1) <= max(expected_speedup(a, g, 0.1) for g in range(1, 17))
+    assert (
+        max(expected_speedup(a - 0.001, g, 0.1) for g in range(1, 17))
+        < 1.5
+        <= max(expected_speedup(a, g, 0.1) for g in range(1, 17))
+    )
+    assert alpha_needed(1.0, 0.0) == 0.0  # a free proposer that never hits: exactly plain speed
+    assert alpha_needed(20.0, 0.1) != alpha_needed(20.0, 0.1)  # nan: out of reach
+    with pytest.raises(ValueError, match="layers must be an int"):
+        draft_bytes(target, 0, 16)
+    with pytest.raises(ValueError, match="goal must be a speed-up"):
+        alpha_needed(0.5, 0.1)

@@ -173,24 +173,75 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     from safetensors.torch import save_file
 
-    state = {f"layers.{j}.{k}": v.detach().half().contiguous() for j, layer in enumerate(draft.model.layers)
-             for k, v in layer.state_dict().items()}
+    state = {
+        f"layers.{j}.{k}": v.detach().half().contiguous()
+        for j, layer in enumerate(draft.model.layers)
+        for k, v in layer.state_dict().items()
+    }
     state["norm.weight"] = draft.model.norm.weight.detach().half().contiguous()
     state["lm_head.weight"] = head_w.detach().half().contiguous()
     state["vocab_ids"] = ids.to(torch.int32)
     save_file(state, str(out / WEIGHTS_NAME))
     cfg = {"target": "smollm2-135m-instruct", "init_layers": layers, "num_layers": len(layers), "vocab": len(ids)}
     (out / CONFIG_NAME).write_text(json.dumps(cfg, indent=1) + "\n")
-    history.update(max_len=max_len, config=cfg, seconds=time.perf_counter() - t0, sequences=len(seqs), val_sequences=n_val,
-                   epochs=epochs, lr=lr, seed=seed)
+    history.update(
+        max_len=max_len,
+        config=cfg,
+        seconds=time.perf_counter() - t0,
+        sequences=len(seqs),
+        val_sequences=n_val,
+        epochs=epochs,
+        lr=lr,
+        seed=seed,
+    )
     return history
+
+
+def card(history: dict, machine: str) -> str:
+    """The model card (README.md) written from a training log."""
+    cfg, val0, val = history["config"], history["val"][0], history["val"][-1]
+    return f"""# smollm2-135m-draft
+
+A draft model for speculative decoding with **SmolLM2-135M-Instruct** (chapter 04, section 6b). It shares
+the target's tokenizer and input embedding (taken from the target at load time, not stored here) and has:
+
+* {cfg["num_layers"]} Llama decoder layers, initialised from the target's layers {cfg["init_layers"]}, then distilled;
+* the target's final RMSNorm (distilled too);
+* an LM head over only {cfg["vocab"]:,} of the target's 49,152 tokens (`vocab_ids`): the most frequent argmax
+  tokens of the target on the training data. `engine.speculative.TruncatedHead` scatters its logits into the
+  target's vocabulary (−inf elsewhere), so verification by the target stays exact.
+
+Weights in fp16 in `draft.safetensors` (layers, norm, head, vocab ids); `draft_config.json` names the shape.
+Load with `course_lib.engine.speculative.load_layer_draft(target_engine, "smollm2-135m-draft")`.
+
+## Training
+
+Teacher forcing only, no generation: {history["sequences"]} chat-formatted code tasks built from the course
+corpus (a code block and an instruction in the user turn, the code again in the assistant turn, at most
+{history["max_len"]} tokens each); the target's top-16 next-token probabilities at every position; soft
+cross-entropy restricted to the draft's vocabulary; AdamW, lr {history["lr"]} with a cosine decay,
+{history["epochs"]} epochs of one sequence per step; {history["val_sequences"]} sequences held out.
+
+Command: `{history["command"]}`
+Machine: {machine}; {history["seconds"] / 60:.1f} min wall.
+
+| held out, teacher-forced | before training | after |
+|---|---|---|
+| top-1 agreement with the target | {val0["top1_agreement"]:.3f} | {val["top1_agreement"]:.3f} |
+| target's argmax inside the draft's vocabulary | {val0["vocab_coverage"]:.3f} | {val["vocab_coverage"]:.3f} |
+
+The log is `train_log.json` (loss per step, validation per epoch, the command and its printed lines).
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
     from course_lib.models.train import command_line
 
-    ap = argparse.ArgumentParser(prog="python -m course_lib.decoding.layer_draft_train", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m course_lib.decoding.layer_draft_train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--layers", default="0,1,2,3", help="target layers that initialise the draft's, in order")
     ap.add_argument("--vocab", type=int, default=8192, help="tokens in the draft's LM head")
@@ -200,7 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--machine", default="2-core AMD EPYC VM shared with other jobs, torch CPU")
+    ap.add_argument("--card-only", action="store_true", help="only (re)write README.md from train_log.json")
     args = ap.parse_args(argv)
+    if args.card_only:
+        history = json.loads((args.out / "train_log.json").read_text())
+        (args.out / "README.md").write_text(card(history, args.machine))
+        return 0
     torch.set_num_threads(args.threads)
     lines: list[str] = []
 
@@ -213,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     history["command"] = command_line("course_lib.decoding.layer_draft_train", argv)
     history["stdout"] = lines
     (args.out / "train_log.json").write_text(json.dumps(history) + "\n")
+    (args.out / "README.md").write_text(card(history, args.machine))
+    (args.out / "teacher_cache.pt").unlink(missing_ok=True)
     return 0
 
 

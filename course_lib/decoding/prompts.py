@@ -17,7 +17,7 @@ GROUNDED_PROMPTS = [
 ]
 FREE_PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "import json\n\n\ndef load(path):"]
 
-_CODE = '''def read_config(path):
+_CODE = """def read_config(path):
     with open(path) as f:
         lines = f.readlines()
     result = {}
@@ -26,7 +26,7 @@ _CODE = '''def read_config(path):
             key, value = line.split("=", 1)
             result[key.strip()] = value.strip()
     return result
-'''
+"""
 _LOG = (
     "2024-05-01 10:00:01 INFO server started on port 8080\n"
     "2024-05-01 10:00:07 ERROR database connection refused (host=db1, retry=1)\n"
@@ -39,8 +39,7 @@ _LOG = (
 #: Input-grounded chat tasks for SmolLM2-135M-Instruct (user turns; the chat template is applied by
 #: ``chat_ids``): the answer repeats most of its input, as an edit, a refactor or an extraction does.
 CHAT_GROUNDED = [
-    "Add a docstring to this function. Reply with the whole function and nothing else.\n\n"
-    f"```python\n{_CODE}```",
+    f"Add a docstring to this function. Reply with the whole function and nothing else.\n\n```python\n{_CODE}```",
     f"Copy the lines of this log that contain ERROR, unchanged, one per line.\n\n```\n{_LOG}```",
     "Add type hints to this function. Reply with the whole function only.\n\n"
     "```python\ndef scale(values, factor):\n    out = []\n    for v in values:\n        out.append(v * factor)\n"
