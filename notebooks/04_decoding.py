@@ -624,20 +624,28 @@ from course_lib.decoding.prompts import CHAT_FREE, CHAT_GROUNDED, chat_ids  # no
 from course_lib.engine import SchedulerConfig  # noqa: E402
 from course_lib.engine.speculative import load_layer_draft  # noqa: E402
 
-smol = Engine("smollm2-135m-instruct", device=DEV, config=SchedulerConfig(max_model_len=1024, max_num_seqs=2))
+# quick mode (Binder's 1.5 GB): F.linear everywhere, since the faster CPU path of chapter 01 packs a second
+# copy of every weight (+538 MB); plain and speculative decoding run on the same engine either way
+smol = Engine(
+    "smollm2-135m-instruct",
+    device=DEV,
+    config=SchedulerConfig(max_model_len=512, max_num_seqs=1),
+    linear=pick("reference", "auto"),
+)
 SMOL_NEW = pick(64, 160)  # at most; each answer ends at its end-of-turn token
+SMOL_REPEATS = pick(2, REPEATS)
 smol_bytes = draft_cost.draft_bytes(smol, smol.model.num_layers, smol.model.vocab_size)
 llc = hardware.detect_device().cache_bytes
 print(
     f"SmolLM2 weights read per decode step: {smol_bytes.target / 2**20:.0f} MiB; last-level cache "
     + (f"{llc / 2**20:.0f} MiB: {smol_bytes.target / llc:.0f}× larger, so DRAM serves them" if llc else "unknown")
 )
-smol_tasks = [chat_ids(smol.tokenizer, t) for t in CHAT_GROUNDED[: pick(2, 3)]]
+smol_tasks = [chat_ids(smol.tokenizer, t) for t in CHAT_GROUNDED[: pick(1, 3)]]
 smol_lookup_rows = []
 for i, ids_ in enumerate(smol_tasks):
-    b = speedup.baseline(smol, [ids_], SMOL_NEW, REPEATS, ignore_eos=False)
+    b = speedup.baseline(smol, [ids_], SMOL_NEW, SMOL_REPEATS, ignore_eos=False)
     smol_lookup_rows += speedup.gamma_sweep(
-        smol, lookup, b, pick([4, 8], [2, 4, 6, 8, 10]), f"lookup, task {i}", REPEATS
+        smol, lookup, b, pick([4, 8], [2, 4, 6, 8, 10]), f"lookup, task {i}", SMOL_REPEATS
     )
     print(f"--- task {i}: {len(b.outputs[0])} tokens\n{smol.tokenizer.decode(b.outputs[0])}")
 print(speedup.table(smol_lookup_rows))
@@ -723,10 +731,11 @@ my_smol_draft = None  # × plain greedy
 # NBVAL_IGNORE_OUTPUT
 sdraft = load_layer_draft(smol, "smollm2-135m-draft")
 smol_draft_rows = []
-for name, text in [("draft, free task", CHAT_FREE[0]), ("draft, grounded task 0", CHAT_GROUNDED[0])]:
-    b = speedup.baseline(smol, [chat_ids(smol.tokenizer, text)], SMOL_NEW, REPEATS, ignore_eos=False)
+draft_tasks = [("draft, free task", CHAT_FREE[0]), ("draft, grounded task 0", CHAT_GROUNDED[0])]
+for name, text in draft_tasks[: pick(1, 2)]:
+    b = speedup.baseline(smol, [chat_ids(smol.tokenizer, text)], SMOL_NEW, SMOL_REPEATS, ignore_eos=False)
     smol_draft_rows += speedup.gamma_sweep(
-        smol, lambda: DraftProposer(sdraft), b, pick([2, 4], [1, 2, 3, 4, 5, 6]), name, REPEATS
+        smol, lambda: DraftProposer(sdraft), b, pick([2, 4], [1, 2, 3, 4, 5, 6]), name, SMOL_REPEATS
     )
 print(speedup.table(smol_draft_rows))
 best_sd = speedup.best_row(smol_draft_rows)

@@ -39,8 +39,8 @@ _LOG = (
 #: Input-grounded chat tasks for SmolLM2-135M-Instruct (user turns; the chat template is applied by
 #: ``chat_ids``): the answer repeats most of its input, as an edit, a refactor or an extraction does.
 CHAT_GROUNDED = [
-    f"Add a docstring to this function. Reply with the whole function and nothing else.\n\n```python\n{_CODE}```",
     f"Copy the lines of this log that contain ERROR, unchanged, one per line.\n\n```\n{_LOG}```",
+    f"Add a docstring to this function. Reply with the whole function and nothing else.\n\n```python\n{_CODE}```",
     "Add type hints to this function. Reply with the whole function only.\n\n"
     "```python\ndef scale(values, factor):\n    out = []\n    for v in values:\n        out.append(v * factor)\n"
     "    return out\n```",

@@ -80,10 +80,10 @@ def resolve_draft(name_or_path: str | Path) -> Path:
     return path
 
 
-def load_layer_draft(target, name_or_path: str | Path = "smollm2-135m-draft", config=None):
+def load_layer_draft(target, name_or_path: str | Path = "smollm2-135m-draft", config=None, linear: str = "auto"):
     """An ``Engine`` for the shipped draft next to ``target`` (an ``Engine``): its layers and truncated head
     from the folder, the input embedding and tokenizer shared with the target. ``config``: the draft's
-    ``SchedulerConfig`` (default: the target's)."""
+    ``SchedulerConfig`` (default: the target's); ``linear``: its layers' kernels, as ``Engine``'s."""
     from safetensors.torch import load_file
 
     from course_lib.engine.engine import Engine
@@ -104,10 +104,12 @@ def load_layer_draft(target, name_or_path: str | Path = "smollm2-135m-draft", co
     missing = draft.model.load_state_dict({k: v.to(dt) for k, v in state.items()}, strict=False)
     if [k for k in missing.missing_keys if not k.startswith("embed_tokens")] or missing.unexpected_keys:
         raise ValueError(f"the draft at {path} does not match the target's layers: {missing}")
-    return layer_draft_engine(target, draft, head.to(dt), ids, config)
+    return layer_draft_engine(target, draft, head.to(dt), ids, config, linear)
 
 
-def layer_draft_engine(target, hf_draft, head_weight: torch.Tensor, ids: torch.Tensor, config=None):
+def layer_draft_engine(
+    target, hf_draft, head_weight: torch.Tensor, ids: torch.Tensor, config=None, linear: str = "auto"
+):
     """An ``Engine`` over ``hf_draft`` (from ``build_hf_draft``) whose input embedding is the target's (shared)
     and whose LM head is ``TruncatedHead(head_weight (N, D), ids (N,))``: the draft's logits are over the
     target's V ids, −inf outside ``ids``."""
@@ -120,6 +122,7 @@ def layer_draft_engine(target, hf_draft, head_weight: torch.Tensor, ids: torch.T
     head = TruncatedHead(head_weight.to(target.model.dtype).to(target.device), ids, V)  # checks ids first
     hf_draft.model.embed_tokens.weight = hf.model.embed_tokens.weight  # shared with the target, not copied
     hf_draft.config.vocab_size = V
-    eng = Engine(hf_draft.to(target.device), target.tokenizer, device=target.device, config=config or target.config)
+    cfg = config or target.config
+    eng = Engine(hf_draft.to(target.device), target.tokenizer, device=target.device, config=cfg, linear=linear)
     eng.model.set_linear("lm_head", head)
     return eng
