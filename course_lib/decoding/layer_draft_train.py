@@ -277,3 +277,28 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+#: The command that made data/models/smollm2-135m-draft (its card records the one that really ran).
+DEFAULT_COMMAND = (
+    "python -m course_lib.decoding.layer_draft_train --out data/models/smollm2-135m-draft "
+    "--layers 0,1,2 --vocab 8192 --sequences 32 --max-len 256 --epochs 2 --lr 1e-3 --threads 2"
+)
+
+
+def plot_log(history: dict):
+    """The training log: the loss per step, and the held-out agreement and vocabulary coverage per epoch."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.3), dpi=80)
+    axes[0].plot([r["step"] for r in history["train"]], [r["loss"] for r in history["train"]], lw=0.6)
+    axes[0].set_xlabel("step (one sequence)")
+    axes[0].set_ylabel("soft cross-entropy to the target")
+    val = history["val"]
+    axes[1].plot([r["step"] for r in val], [r["top1_agreement"] for r in val], "o-", label="top-1 agreement")
+    axes[1].plot([r["step"] for r in val], [r["vocab_coverage"] for r in val], "--", label="target's token in vocab")
+    axes[1].set_xlabel("step")
+    axes[1].set_ylim(0, 1)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
