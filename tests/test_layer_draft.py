@@ -117,8 +117,11 @@ def test_soft_ce_and_vocab():
     )
     torch.testing.assert_close(soft_ce(logits, t_ids, t_p, pos), want)
     teacher = [(torch.tensor([[4], [4], [6]]), None)]
-    vocab = draft_vocab(teacher, [[1, 1, 3]], 3)
+    vocab = draft_vocab(teacher, [[1, 1, 3]], 3, 10)
     assert vocab.tolist() == [1, 4, 6]  # the teacher's argmax first, then the inputs by count
+    assert draft_vocab(teacher, [[1, 1, 3]], 6, 10).tolist() == [0, 1, 2, 3, 4, 6]  # then the lowest ids
+    with pytest.raises(ValueError, match="n must be in"):
+        draft_vocab(teacher, [[1]], 11, 10)
 
 
 @pytest.mark.skipif(not SHIPPED.is_dir(), reason="the SmolLM2 draft is not in data/models")

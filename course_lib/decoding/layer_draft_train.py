@@ -78,13 +78,18 @@ def teacher_topk(target_hf, seqs: list[list[int]], k: int = 16) -> list[tuple[to
     return out
 
 
-def draft_vocab(teacher: list[tuple[torch.Tensor, torch.Tensor]], seqs: list[list[int]], n: int) -> torch.Tensor:
+def draft_vocab(
+    teacher: list[tuple[torch.Tensor, torch.Tensor]], seqs: list[list[int]], n: int, vocab_size: int
+) -> torch.Tensor:
     """The ``n`` most frequent tokens of the target's argmax over the training data, topped up with the
-    most frequent input tokens; sorted ids (n,)."""
-    counts = torch.zeros(1 << 17, dtype=torch.float64)
+    most frequent input tokens, then the lowest ids (byte-level BPE merges its commonest pairs first);
+    sorted ids (n,)."""
+    if not 1 <= n <= vocab_size:
+        raise ValueError(f"n must be in [1, vocab_size={vocab_size}], got {n}")
+    counts = -torch.arange(vocab_size, dtype=torch.float64) * 1e-12  # ties: the lower id first
     for (ids, _), s in zip(teacher, seqs):
         counts.index_add_(0, ids[:, 0], torch.full((ids.shape[0],), 1.0, dtype=torch.float64))
-        counts.index_add_(0, torch.tensor(s), torch.full((len(s),), 1e-3, dtype=torch.float64))  # ties: inputs
+        counts.index_add_(0, torch.tensor(s), torch.full((len(s),), 1e-3, dtype=torch.float64))
     return counts.topk(n).indices.sort().values
 
 
@@ -134,7 +139,9 @@ def train(
         out.mkdir(parents=True, exist_ok=True)
         torch.save(teacher, cache)
     log(f"teacher: {len(seqs)} sequences, {sum(map(len, seqs))} tokens, {time.perf_counter() - t0:.0f} s")
-    ids = draft_vocab(teacher[n_val:], seqs[n_val:], vocab)  # the vocabulary from the training split only
+    ids = draft_vocab(
+        teacher[n_val:], seqs[n_val:], vocab, target.config.vocab_size
+    )  # the vocabulary from the training split only
     embed = target.model.embed_tokens.weight.detach()
     draft = build_hf_draft(target, layers)
     del target
@@ -164,7 +171,7 @@ def train(
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             step += 1
-            history["train"].append({"step": step, "loss": float(loss)})
+            history["train"].append({"step": step, "loss": float(loss.detach())})
             if step % 50 == 0:
                 log(f"step {step}/{steps} loss {sum(r['loss'] for r in history['train'][-50:]) / 50:.3f}")
         val = agreement(draft, head_w, embed, seqs[:n_val], teacher[:n_val], pos)
