@@ -624,8 +624,8 @@ from course_lib.decoding.prompts import CHAT_FREE, CHAT_GROUNDED, chat_ids  # no
 from course_lib.engine import SchedulerConfig  # noqa: E402
 from course_lib.engine.speculative import load_layer_draft  # noqa: E402
 
-# quick mode (Binder's 1.5 GB): F.linear everywhere, since the faster CPU path of chapter 01 packs a second
-# copy of every weight (+538 MB); plain and speculative decoding run on the same engine either way
+# quick mode (Binder's 1.5 GB): F.linear everywhere, since the faster CPU path of chapter 01 keeps a
+# second, packed set of all the weights (+538 MB); plain and speculative decoding share the engine anyway
 smol = Engine(
     "smollm2-135m-instruct",
     device=DEV,
