@@ -750,11 +750,12 @@ smol = sdraft = None  # the rest of the chapter runs on the tiny models: give Sm
 
 # %% [markdown]
 # Read the table with the formula beside it: α is what distillation buys, c what the truncated head and
-# the depth buy. The measured c sits above the byte estimate because a decode step of three layers still
-# pays the engine's fixed per-step work (scheduling, the sampler, Python), which a 30-layer step spreads
-# over ten times the bytes. On a GPU the same draft is cheaper still in bytes, but its fixed per-step cost
-# is a kernel-launch chain, which is why EAGLE-style drafts run in CUDA graphs.
-
+# the depth buy, and the verify/plain column what the formula assumes away. The measured c is per *verify
+# forward*, so when a verify forward costs more than a plain step (F.linear's path over γ + 1 rows is
+# not the one-row path), c comes out below the byte estimate and the speed-up falls short of the formula
+# by that same factor: the refined column puts it back. Where the claim fails, the printed reason is the
+# formula's own: the α this draft reaches against the α its c needs. A better α needs more distillation
+# (more data, the target's own chat answers, more steps) than this chapter's offline budget allowed.
 
 # %% [markdown]
 # ## 7 · Medusa heads
