@@ -105,13 +105,21 @@ class Baseline:
     step_seconds: float  # one plain decode step (seconds / new tokens)
 
 
-def baseline(target, prompts, new_tokens: int = 48, repeats: int = 3) -> Baseline:
-    """Time the engine's plain greedy ``generate`` on ``prompts`` (strings or ids), ``new_tokens`` each."""
+def baseline(target, prompts, new_tokens: int = 48, repeats: int = 3, ignore_eos: bool = True) -> Baseline:
+    """Time the engine's plain greedy ``generate`` on ``prompts`` (strings or ids), ``new_tokens`` each
+    (``ignore_eos=False``: a chat answer stops at its end-of-turn token, and a step is the longest row's)."""
     ids = encode_prompts(target, prompts)
-    params = SamplingParams(max_new_tokens=_new_tokens(new_tokens), ignore_eos=True)
+    if not isinstance(ignore_eos, bool):
+        raise ValueError(f"ignore_eos must be a bool, got {ignore_eos!r}")
+    params = SamplingParams(max_new_tokens=_new_tokens(new_tokens), ignore_eos=ignore_eos)
     outputs = [r.output_ids for r in target.generate(ids, params)]  # also the warm-up
     seconds = best_of(lambda: target.generate(ids, params), repeats)
-    return Baseline(ids, params, outputs, seconds, seconds / new_tokens)
+    return Baseline(ids, params, outputs, seconds, seconds / _steps(outputs))
+
+
+def _steps(outputs: list[list[int]]) -> int:
+    """Decode steps a batch took: its longest row's tokens."""
+    return max(1, max(len(o) for o in outputs))
 
 
 def run_method(target, proposer, gamma: int, base: Baseline, method: str = "", repeats: int = 3) -> SpecRow:
@@ -129,7 +137,7 @@ def run_method(target, proposer, gamma: int, base: Baseline, method: str = "", r
     for _ in range(repeats):
         plain = min(plain, best_of(lambda: target.generate(base.ids, base.params), 1))
         seconds = min(seconds, best_of(lambda: dec.generate(base.ids, base.params), 1))
-    step_seconds = plain / base.params.max_new_tokens
+    step_seconds = plain / _steps(base.outputs)
     steps = max(s.target_forwards - 1, 1)
     return SpecRow(
         method=method or type(proposer).__name__,
