@@ -624,13 +624,13 @@ from course_lib.decoding.prompts import CHAT_FREE, CHAT_GROUNDED, chat_ids  # no
 from course_lib.engine import SchedulerConfig  # noqa: E402
 from course_lib.engine.speculative import load_layer_draft  # noqa: E402
 
-# quick mode (Binder's 1.5 GB): F.linear everywhere, since the faster CPU path of chapter 01 keeps a
-# second, packed set of all the weights (+538 MB); plain and speculative decoding share the engine anyway
+# on a CPU, oneDNN's packed weights only (linear="packed"): the default "auto" keeps the plain weights
+# beside the packed copy (+0.5 GB, past Binder's 1.5 GB); plain and speculative decoding share the engine
 smol = Engine(
     "smollm2-135m-instruct",
     device=DEV,
     config=SchedulerConfig(max_model_len=512, max_num_seqs=1),
-    linear=pick("reference", "auto"),
+    linear="packed" if DEV == "cpu" else "auto",
 )
 SMOL_NEW = pick(64, 160)  # at most; each answer ends at its end-of-turn token
 SMOL_REPEATS = pick(2, REPEATS)
@@ -751,8 +751,8 @@ smol = sdraft = None  # the rest of the chapter runs on the tiny models: give Sm
 # %% [markdown]
 # Read the table with the formula beside it: α is what distillation buys, c what the truncated head and
 # the depth buy, and the verify/plain column what the formula assumes away. The measured c is per *verify
-# forward*, so when a verify forward costs more than a plain step (F.linear's path over γ + 1 rows is
-# not the one-row path), c comes out below the byte estimate and the speed-up falls short of the formula
+# forward*, so when a verify forward costs more than a plain step (γ + 1 rows are not one row, even for
+# the same kernel), c comes out below the byte estimate and the speed-up falls short of the formula
 # by that same factor: the refined column puts it back. Where the claim fails, the printed reason is the
 # formula's own: the α this draft reaches against the α its c needs. A better α needs more distillation
 # (more data, the target's own chat answers, more steps) than this chapter's offline budget allowed.

@@ -46,10 +46,12 @@ class TruncatedHead:
     __call__ = forward
 
 
-def build_hf_draft(target_hf, layers: list[int]):
+def build_hf_draft(target_hf, layers: list[int], copy_weights: bool = True):
     """A ``transformers`` Llama with the target's config but only the decoder layers ``layers`` (copied
-    from the target, in that order) and a 1-token placeholder vocabulary: the caller supplies the input
-    embedding (training passes ``inputs_embeds``; ``load_layer_draft`` shares the target's)."""
+    from the target, in that order, when ``copy_weights``: training starts there; loading a shipped draft
+    overwrites them anyway, and a target built with ``linear="packed"`` has no plain weights to copy) and a
+    1-token placeholder vocabulary: the caller supplies the input embedding (training passes
+    ``inputs_embeds``; ``load_layer_draft`` shares the target's)."""
     from transformers import LlamaForCausalLM
 
     n = target_hf.config.num_hidden_layers
@@ -60,7 +62,7 @@ def build_hf_draft(target_hf, layers: list[int]):
     cfg.layer_types = None if getattr(cfg, "layer_types", None) is None else cfg.layer_types[: len(layers)]
     draft = LlamaForCausalLM(cfg).to(target_hf.dtype)
     with torch.no_grad():
-        for j, i in enumerate(layers):
+        for j, i in enumerate(layers if copy_weights else []):
             draft.model.layers[j].load_state_dict(target_hf.model.layers[i].state_dict())
         draft.model.norm.weight.copy_(target_hf.model.norm.weight)
     return draft.eval()
@@ -99,7 +101,7 @@ def load_layer_draft(target, name_or_path: str | Path = "smollm2-135m-draft", co
     ids = state.pop("vocab_ids").long()
     if head.shape[1] != D:
         raise ValueError(f"the draft at {path} has hidden size {head.shape[1]}; the target's is {D}")
-    draft = build_hf_draft(hf, list(range(int(meta["num_layers"]))))
+    draft = build_hf_draft(hf, list(range(int(meta["num_layers"]))), copy_weights=False)
     dt = target.model.dtype
     missing = draft.model.load_state_dict({k: v.to(dt) for k, v in state.items()}, strict=False)
     if [k for k in missing.missing_keys if not k.startswith("embed_tokens")] or missing.unexpected_keys:
