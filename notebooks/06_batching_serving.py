@@ -62,14 +62,15 @@ if "google.colab" in sys.modules:
 # * what a response cache saves, and the wrong answers a semantic cache can serve.
 #
 # **Models in this chapter.** Sections 1-7, 9 and 10 and the server-overhead runs of section 8 use
-# `tiny-target` (a 5M-parameter code model): they replay hundreds of requests, calibrate a step-cost model
-# over a grid of batch shapes, sweep policies and start three servers, all within the chapter's budget on a
-# 2-core CPU, and what they teach (how a scheduler fills steps, what a server adds per token) is about the
-# steps, not the weights. Section 8 then puts the chat model `smollm2-135m-instruct` (SmolLM2-135M-Instruct,
-# 538 MB in fp32) behind the same server: a model that talks answers a chat request through the `openai`
-# client, and the structured-output measurement asks a model that was taught to follow instructions for
-# JSON. It runs in the server's own engine process (about 1 GB of its own), started with a small KV cache and
-# stopped at the end of that part, so that only one copy of the chat model is ever in memory.
+# `tiny-target` (a code model of a few million parameters): they replay hundreds of requests, calibrate a
+# step-cost model over a grid of batch shapes, sweep policies and start two servers, all within the chapter's
+# budget on a 2-core CPU, and what they teach (how a scheduler fills steps, what a server adds per token) is
+# about the steps, not the weights. Section 8 then puts the chat model `smollm2-135m-instruct`
+# (SmolLM2-135M-Instruct; its card: `data/models/smollm2-135m-instruct.md`) behind the same server: a model
+# that talks answers a chat request through the `openai` client, and the structured-output measurement asks a
+# model that was taught to follow instructions for JSON. It runs in the server's own engine process, started
+# with a small KV cache and stopped at the end of that part (its memory is printed there), so that only one
+# copy of the chat model is ever in memory.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -673,6 +674,7 @@ from course_lib.serving.server.process_memory import peak_rss_mib, rss_mib  # no
 
 CHAT = "smollm2-135m-instruct"
 chat_config = SchedulerConfig(max_model_len=512, max_num_seqs=4)
+kernel_before = rss_mib()
 chat_engine = server.EngineProcess(CHAT, threads=1, device=device, config=chat_config, linear="reference")
 chat_server = server.serve(chat_engine, max_queue=8, model_name=CHAT)
 chat_peak_loaded = peak_rss_mib(chat_engine.pid)  # before any request: what loading the model took
@@ -699,6 +701,13 @@ print(
 compare_prediction(
     "chat model's streamed TPOT ÷ the weight-streaming floor", my_tpot_over_floor, measured=chat_answer.tpot_s / floor_s
 )
+
+# %% [markdown]
+# Where the stream's TPOT sits well above the floor, the usual reasons, largest first on a CPU: the reference
+# matmul path (MKL at one row) streams weights more slowly than a plain copy does (the skinny path that
+# closes much of that gap is the one switched off above, to save memory); each step runs 30 layers of Python
+# and small kernels whose fixed cost a 135M model does not hide; and each token also crosses the process pipe,
+# the detokenizer and an SSE write. On a shared machine, anything else running takes bandwidth too.
 
 # %% [markdown]
 # ### Structured output: what a grammar costs, and what it buys
@@ -809,6 +818,9 @@ if ended:
 for who, pid in (("this kernel", None), ("the chat server's engine process", chat_engine.pid)):
     print(f"{who:<34} now {rss_mib(pid):>6,.0f} MiB, peak {peak_rss_mib(pid):>6,.0f} MiB")
 print(f"together now {rss_mib() + rss_mib(chat_engine.pid):,.0f} MiB (Binder: 1-2 GB for all processes)")
+print(
+    f"this kernel before the chat server started: {kernel_before:,.0f} MiB (the server's HTTP side, here, holds the tokenizer)"
+)
 chat_peak = peak_rss_mib(chat_engine.pid)
 print(
     f"the engine process's peak: {chat_peak_loaded:,.0f} MiB once loaded, {chat_peak:,.0f} MiB after the requests → "
@@ -817,6 +829,7 @@ print(
 chat_client.close()
 chat_server.stop()  # the chat model's memory goes with its process
 print(f"server stopped: {not chat_engine.alive}")
+del chat_server, chat_client, chat_engine, chat_prompts  # and the tokenizer its HTTP side held here
 
 # %% [markdown]
 # ## 9 · Offline batch vs online
@@ -971,3 +984,5 @@ ch06.check_decode_ceiling(
 #   targets and long prompts.
 # * A real server adds queueing, streaming and metrics, and its own cost per token; a cache in front of it
 #   saves whole requests, and a semantic cache can serve a wrong answer.
+# * Behind the same server a chat model streams its answer to the official `openai` client; its JSON is as
+#   likely as its instruction tuning makes it, and a grammar on the sampler makes every finished answer parse.

@@ -134,7 +134,7 @@ def test_prompts_and_chat_prompts_are_checked():
 
 @pytest.mark.slow
 def test_smollm2_answers_a_chat_request_from_its_own_process(smollm2_cache, monkeypatch):
-    """~30 s on 2 quiet cores (minutes on a loaded machine): the chat model in an EngineProcess with a small KV cache answers, streamed and whole
+    """Slow (minutes on a loaded 2-core machine): the chat model in an EngineProcess with a small KV cache answers, streamed and whole
     alike; its process holds at least its weights; compare_modes runs there through ``call``."""
     monkeypatch.setenv("COURSE_CACHE_DIR", str(smollm2_cache))  # the spawned child inherits it
     name = "smollm2-135m-instruct"
