@@ -60,6 +60,17 @@ if "google.colab" in sys.modules:
 # * what preemption, prefix caching and disaggregation buy, and when;
 # * how a real server behaves: streaming, a bounded queue, cancellation, metrics, and what it costs per token;
 # * what a response cache saves, and the wrong answers a semantic cache can serve.
+#
+# **Models in this chapter.** Sections 1-7, 9 and 10 and the server-overhead runs of section 8 use
+# `tiny-target` (a code model of a few million parameters): they replay hundreds of requests, calibrate a
+# step-cost model over a grid of batch shapes, sweep policies and start two servers, all within the chapter's
+# budget on a 2-core CPU, and what they teach (how a scheduler fills steps, what a server adds per token) is
+# about the steps, not the weights. Section 8 then puts the chat model `smollm2-135m-instruct`
+# (SmolLM2-135M-Instruct; its card: `data/models/smollm2-135m-instruct.md`) behind the same server: a model
+# that talks answers a chat request through the `openai` client, and the structured-output measurement asks a
+# model that was taught to follow instructions for JSON. It runs in the server's own engine process, started
+# with a small KV cache and stopped at the end of that part (its memory is printed there), so that only one
+# copy of the chat model is ever in memory.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -635,6 +646,70 @@ plt.show()
 # step *n*.
 
 # %% [markdown]
+# ### The chat model behind the server
+#
+# The same server, now with SmolLM2-135M-Instruct in its engine process. `EngineProcess` passes its keyword
+# arguments to `Engine` in the child, so the KV cache is sized there: 4 sequences of at most 512 tokens, not the
+# default 64 × 8,192 slots (both reservations are printed below). It also takes `linear="reference"`: the
+# engine's fast CPU path for decode (`engine.layers.SkinnyLinear`) packs a second, blocked copy of every weight
+# matrix, which doubles the weights' memory; one copy keeps the server's process near its weights plus torch.
+# `/v1/chat/completions` renders the messages with the model's own chat template. The answer is printed chunk
+# by chunk as it arrives, and the stream's own arrival times give TTFT and the gaps between chunks (ITL).
+#
+# *Predict:* a decode step of one sequence must read all the model's weights once (hundreds of MB in fp32,
+# printed below), far more than the last-level cache holds, so the time per output token is bounded below by
+# weight bytes ÷ memory bandwidth. How many times that floor will the stream's TPOT be?
+
+# %%
+my_tpot_over_floor = None  # ×
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from transformers import AutoConfig  # noqa: E402
+
+from course_lib.models.accounting import ModelShape, kv_bytes_per_token, weights_read_per_step  # noqa: E402
+from course_lib.models.gguf import model_cache_dir  # noqa: E402
+from course_lib.serving.loadgen.chat_stream import stream_chat  # noqa: E402
+from course_lib.serving.server.process_memory import peak_rss_mib, rss_mib  # noqa: E402
+
+CHAT = "smollm2-135m-instruct"
+chat_config = SchedulerConfig(max_model_len=512, max_num_seqs=4)
+kernel_before = rss_mib()
+chat_engine = server.EngineProcess(CHAT, threads=1, device=device, config=chat_config, linear="reference")
+chat_server = server.serve(chat_engine, max_queue=8, model_name=CHAT)
+chat_peak_loaded = peak_rss_mib(chat_engine.pid)  # before any request: what loading the model took
+chat_client = OpenAI(base_url=chat_server.openai_base_url, api_key="not-needed")
+question = [{"role": "user", "content": "In two sentences, why do servers batch requests?"}]
+print("assistant: ", end="")
+chat_answer = stream_chat(
+    chat_client, question, model=CHAT, max_tokens=pick(48, 96), on_piece=lambda t: print(t, end="", flush=True)
+)
+print(f"\n\n{chat_answer.describe()}")
+chat_shape = ModelShape.from_config(AutoConfig.from_pretrained(model_cache_dir(CHAT)), name=CHAT)  # built by now
+kv_token = kv_bytes_per_token(chat_shape, "fp32")
+print(
+    f"KV cache: {kv_token / 1e3:.0f} KB per token × {chat_config.max_num_seqs} × {chat_config.max_model_len} = "
+    f"{kv_token * chat_config.max_num_seqs * chat_config.max_model_len / 1e6:.0f} MB reserved "
+    f"(the default 64 × {chat_shape.max_position}: {kv_token * 64 * chat_shape.max_position / 1e9:.0f} GB)"
+)
+chat_bytes = weights_read_per_step(chat_shape, 1, "fp32")
+floor_s = chat_bytes / peaks.bandwidth
+print(f"a decode step reads {chat_bytes / 1e6:.0f} MB of weights", end="; ")
+print(
+    f"weights ÷ bandwidth: {floor_s * 1e3:.1f} ms per token → the stream's TPOT is {chat_answer.tpot_s / floor_s:.1f}× it"
+)
+compare_prediction(
+    "chat model's streamed TPOT ÷ the weight-streaming floor", my_tpot_over_floor, measured=chat_answer.tpot_s / floor_s
+)
+
+# %% [markdown]
+# Where the stream's TPOT sits well above the floor, the usual reasons, largest first on a CPU: the reference
+# matmul path (MKL at one row) streams weights more slowly than a plain copy does (the skinny path that
+# closes much of that gap is the one switched off above, to save memory); each step runs 30 layers of Python
+# and small kernels whose fixed cost a 135M model does not hide; and each token also crosses the process pipe,
+# the detokenizer and an SSE write. On a shared machine, anything else running takes bandwidth too.
+
+# %% [markdown]
 # ### Structured output: what a grammar costs, and what it buys
 #
 # A client that asks for `response_format={"type": "json_object"}` (or a JSON schema) gets either hope or a
@@ -643,7 +718,10 @@ plt.show()
 # vocabulary (`engine/structured.py`). The forward pass is unchanged, so the price is the mask, CPU work per
 # row per step. **The claims:** every constrained answer that *ends* parses (an answer cut by `max_tokens` is
 # still a prefix), and the mask is a small share of the time. Our code model was never taught to answer in
-# JSON: *predict* what share of its unconstrained answers parse.
+# JSON: *predict* what share of its unconstrained answers parse. Then the chat model, in the chat server's
+# engine process (`EngineProcess.call` runs a function there between steps), on chat prompts that ask for the
+# record and name its keys: *predict* its share, which should be higher, since it was tuned to follow such
+# requests.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -674,12 +752,84 @@ claim(
     "its share grows, which is why vLLM fills the masks of a batch in parallel with the forward",
 )
 
+# %%
+# NBVAL_IGNORE_OUTPUT
+import functools  # noqa: E402
+
+my_chat_unconstrained_parse_share = None  # your prediction, 0..1
+chat_prompts = structured_output.chat_prompts(chat_engine.tokenizer)
+print("a chat prompt:", repr(chat_prompts[0]))
+n_chat = pick(4, 16)
+runs_chat = chat_engine.call(  # in the server's engine process, between steps: no second copy of the model
+    functools.partial(structured_output.compare_modes, requests=n_chat, max_tokens=pick(64, 96), prompts=chat_prompts),
+    timeout=600,
+)
+print(structured_output.format_runs(runs_chat))
+chat_by_mode = {r.mode: r for r in runs_chat}
+compare_prediction(
+    "share of the chat model's unconstrained answers that parse",
+    my_chat_unconstrained_parse_share,
+    measured=chat_by_mode["unconstrained"].parse,
+)
+found_gain = structured_output.unconstrained_gain(runs_chat, runs_so, share="found")
+claim(
+    "unconstrained, the chat model's whole answer is a valid JSON object more often than the code model's "
+    "(by ≥ one answer)",
+    structured_output.unconstrained_gain(runs_chat, runs_so),
+    at_least=1 / n_chat,
+    why_not=f"the chat model wraps the object in prose or a Markdown code fence, and json.loads of the whole answer "
+    f"fails on both; a complete object inside the answer: {found_gain:+.0%} over the code model ('found')",
+)
+claim(
+    "unconstrained, the chat model's answer holds a complete JSON object more often than the code model's "
+    "(by ≥ one answer)",
+    found_gain,
+    at_least=1 / n_chat,
+    why_not="the chat model's answers ran past max_tokens before the object closed, or it answered in prose: "
+    "read its example and the 'ended' column",
+)
+ended = [r for r in runs_chat if r.mode != "unconstrained" and r.ended > 0]
+if ended:
+    claim(
+        "every constrained answer of the chat model that ended on its own parses as a JSON object",
+        min(r.ended_parse for r in ended),
+        at_least=1.0,
+        why_not="the grammar let the model end outside a complete JSON value: a bug in the mask or the matcher",
+    )
+
 # %% [markdown]
-# Constraining buys validity, not sense: read the examples in the table, which fit the grammar whatever they
-# mean. With free whitespace allowed this code model indents forever (the engine turns it off, as vLLM's
-# `disable_any_whitespace` does). On a GPU the forward takes a few milliseconds for any batch while the
-# mask still costs tens of microseconds per row on the CPU, so the share the claim measures grows with the
-# batch there; production engines overlap it with the forward.
+# Constraining buys validity, not sense: read the examples in the tables, which fit the grammar whatever they
+# mean. Where the chat model's unconstrained answers hold an object ('found') that does not parse whole, its
+# example shows why: a sentence or a Markdown code fence around the JSON, which a person reads past and
+# `json.loads` does not; instruction tuning teaches the content, a grammar guarantees the form. With free
+# whitespace allowed the code model indents forever (the engine turns it off, as vLLM's
+# `disable_any_whitespace` does). The mask's cost per row grows with the vocabulary (the tables print it; the
+# chat model's vocabulary is the larger). On a GPU the forward takes a few milliseconds for any batch while the
+# mask is still CPU work per row, so its share grows with the batch there; production engines overlap it with
+# the forward.
+
+# %% [markdown]
+# Before the server goes, what each process holds. Loading copies the weights out of the memory-mapped file,
+# so for a moment both the file's pages and the copy are resident: is that the engine process's peak, or did
+# the requests (KV cache, activations, the grammar) push it higher?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for who, pid in (("this kernel", None), ("the chat server's engine process", chat_engine.pid)):
+    print(f"{who:<34} now {rss_mib(pid):>6,.0f} MiB, peak {peak_rss_mib(pid):>6,.0f} MiB")
+print(f"together now {rss_mib() + rss_mib(chat_engine.pid):,.0f} MiB (Binder: 1-2 GB for all processes)")
+print(
+    f"this kernel before the chat server started: {kernel_before:,.0f} MiB (the server's HTTP side, here, holds the tokenizer)"
+)
+chat_peak = peak_rss_mib(chat_engine.pid)
+print(
+    f"the engine process's peak: {chat_peak_loaded:,.0f} MiB once loaded, {chat_peak:,.0f} MiB after the requests → "
+    + ("loading set it" if chat_peak <= chat_peak_loaded * 1.02 else "the requests raised it")
+)
+chat_client.close()
+chat_server.stop()  # the chat model's memory goes with its process
+print(f"server stopped: {not chat_engine.alive}")
+del chat_server, chat_client, chat_engine, chat_prompts  # and the tokenizer its HTTP side held here
 
 # %% [markdown]
 # ## 9 · Offline batch vs online
@@ -834,3 +984,5 @@ ch06.check_decode_ceiling(
 #   targets and long prompts.
 # * A real server adds queueing, streaming and metrics, and its own cost per token; a cache in front of it
 #   saves whole requests, and a semantic cache can serve a wrong answer.
+# * Behind the same server a chat model streams its answer to the official `openai` client; its JSON is as
+#   likely as its instruction tuning makes it, and a grammar on the sampler makes every finished answer parse.

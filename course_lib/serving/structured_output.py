@@ -6,13 +6,16 @@ keep the output a valid prefix, and the rest of the vocabulary is masked to −�
 The forward pass does not change, so the cost is the mask: CPU work per row per step, beside a decode step
 that on a GPU takes milliseconds. What it buys is every answer that *ends* parsing; an answer cut by
 ``max_tokens`` is still an unfinished prefix. ``compare_modes`` runs the same seeded requests unconstrained,
-as a JSON object and against a schema, and counts both. Introduced in 06_batching_serving.ipynb.
+as a JSON object and against a schema, and counts both: on a code model with code prompts (``PROMPTS``), or
+on a chat model with chat prompts that ask for the record (``chat_prompts``). Introduced in
+06_batching_serving.ipynb.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import jsonschema
@@ -32,8 +35,38 @@ SCHEMA = {
 }
 #: Prompts that invite JSON from a code model (tiny-target has no instruction tuning).
 PROMPTS = ('config = {"name": ', "# a user record as JSON\nuser = ", "data = json.loads('{\"", "person = ")
+#: People a chat model is asked to write as a SCHEMA record (``chat_prompts``).
+PEOPLE = (
+    "Alice is 31 and likes chess and hiking.",
+    "Bob, aged 45, enjoys cooking.",
+    "Chen is a 27-year-old who plays the violin and the piano.",
+    "Dana (age 52) collects stamps.",
+)
+#: The user message around each person: it names SCHEMA's keys and types, as a client without a grammar must.
+CHAT_REQUEST = (
+    'Reply with only a JSON object with the keys "name" (a string), "age" (an integer) and "tags" '
+    "(a list of strings) for this person: {person}"
+)
 #: mode name → ``SamplingParams.structured`` (None: no constraint)
 MODES = {"unconstrained": None, "json_object": "json", "json_schema": json.dumps(SCHEMA)}
+
+
+def chat_prompts(tokenizer, people: Sequence[str] = PEOPLE) -> tuple[str, ...]:
+    """One chat prompt per person, ``CHAT_REQUEST`` as the user's message, rendered by the tokenizer's chat
+    template with the assistant's turn opened (``render_chat``, as the server renders ``/v1/chat/completions``)."""
+    from course_lib.serving.server.protocol import render_chat
+
+    if isinstance(people, str) or not people or not all(isinstance(p, str) and p.strip() for p in people):
+        raise ValueError(f"people must be a non-empty sequence of non-empty strings, got {people!r}")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("tokenizer must have a chat template (a chat model's tokenizer), e.g. Engine(...).tokenizer")
+    return tuple(render_chat([{"role": "user", "content": CHAT_REQUEST.format(person=p)}], tokenizer) for p in people)
+
+
+def _check_prompts(prompts) -> tuple[str, ...]:
+    if isinstance(prompts, str) or not prompts or not all(isinstance(p, str) and p for p in prompts):
+        raise ValueError(f"prompts must be a non-empty sequence of non-empty strings, got {prompts!r}")
+    return tuple(prompts)
 
 
 def fits(text: str, schema: dict | None = None) -> bool:
@@ -55,6 +88,24 @@ def fits(text: str, schema: dict | None = None) -> bool:
     return True
 
 
+def embedded_object(text: str) -> dict | None:
+    """The first complete JSON object anywhere inside ``text`` (in a Markdown code fence, after a sentence),
+    or None: what a lenient client digs out of an answer that ``json.loads`` refuses whole."""
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a str, got {type(text).__name__}")
+    decoder = json.JSONDecoder()
+    start = text.find("{")
+    while start != -1:
+        try:
+            doc, _ = decoder.raw_decode(text, start)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            return doc
+        start = text.find("{", start + 1)
+    return None
+
+
 @dataclass(frozen=True)
 class ConstrainedRun:
     """One mode over the same requests: shares of answers that parse / fit the schema / ended on their own."""
@@ -62,6 +113,7 @@ class ConstrainedRun:
     mode: str
     requests: int
     parse: float  # share of answers that parse as a JSON object
+    found: float  # share with a complete JSON object somewhere inside (``embedded_object``), e.g. in a fence
     schema: float  # share that also fit SCHEMA
     ended: float  # share that ended on their own (EOS or the grammar's end), not at max_tokens
     ended_parse: float  # among those that ended: the share that parse (1.0 is the grammar's promise)
@@ -72,14 +124,18 @@ class ConstrainedRun:
 
     def row(self) -> str:
         return (
-            f"{self.mode:<14} {self.parse:>6.0%} {self.schema:>7.0%} {self.ended:>6.0%} "
+            f"{self.mode:<14} {self.parse:>6.0%} {self.found:>6.0%} {self.schema:>7.0%} {self.ended:>6.0%} "
             f"{f'{self.ended_parse:.0%}' if self.ended else '—':>11} "
             f"{self.tokens:>8.1f} {self.mask_us:>9.1f} {self.mask_share:>7.1%}   {self.example!r}"
         )
 
 
-def run_constrained(engine, mode: str, requests: int = 8, max_tokens: int = 64, seed: int = 0) -> ConstrainedRun:
-    """The same ``requests`` seeded, sampled (temperature 0.8) requests on ``engine``, batched, in ``mode``."""
+def run_constrained(
+    engine, mode: str, requests: int = 8, max_tokens: int = 64, seed: int = 0, prompts: Sequence[str] = PROMPTS
+) -> ConstrainedRun:
+    """The same ``requests`` seeded, sampled (temperature 0.8) requests on ``engine``, batched, in ``mode``;
+    request ``i`` sends ``prompts[i % len(prompts)]``."""
+    prompts = _check_prompts(prompts)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
     for name, value in (("requests", requests), ("max_tokens", max_tokens)):
@@ -94,7 +150,7 @@ def run_constrained(engine, mode: str, requests: int = 8, max_tokens: int = 64, 
     t0 = time.perf_counter()
     for i in range(requests):
         params = SamplingParams(temperature=0.8, seed=seed + i, max_new_tokens=max_tokens, structured=MODES[mode])
-        engine.add_request(PROMPTS[i % len(PROMPTS)], params, request_id=i)
+        engine.add_request(prompts[i % len(prompts)], params, request_id=i)
     while engine.has_unfinished():
         for ev in engine.step():
             out[ev.request].append(ev.token_id)
@@ -109,6 +165,7 @@ def run_constrained(engine, mode: str, requests: int = 8, max_tokens: int = 64, 
         mode=mode,
         requests=requests,
         parse=sum(fits(t) for t in texts) / requests,
+        found=sum(embedded_object(t) is not None for t in texts) / requests,
         schema=sum(fits(t, SCHEMA) for t in texts) / requests,
         ended=len(ended) / requests,
         ended_parse=sum(fits(texts[i]) for i in ended) / len(ended) if ended else float("nan"),
@@ -119,17 +176,37 @@ def run_constrained(engine, mode: str, requests: int = 8, max_tokens: int = 64, 
     )
 
 
-def compare_modes(engine, requests: int = 8, max_tokens: int = 64) -> list[ConstrainedRun]:
-    """Every mode of ``MODES`` over the same requests, after an untimed warm-up (grammar compilation)."""
-    run_constrained(engine, "json_object", requests=2, max_tokens=4)  # compile, first shapes: not timed
-    return [run_constrained(engine, mode, requests, max_tokens) for mode in MODES]
+def compare_modes(
+    engine, requests: int = 8, max_tokens: int = 64, prompts: Sequence[str] = PROMPTS
+) -> list[ConstrainedRun]:
+    """Every mode of ``MODES`` over the same requests, after an untimed warm-up (grammar compilation).
+    A module-level function: ``EngineProcess.call(functools.partial(compare_modes, ...))`` runs it in a
+    server's engine process."""
+    prompts = _check_prompts(prompts)
+    run_constrained(engine, "json_object", requests=2, max_tokens=4, prompts=prompts)  # compile, shapes: not timed
+    return [run_constrained(engine, mode, requests, max_tokens, prompts=prompts) for mode in MODES]
+
+
+def unconstrained_gain(runs: list[ConstrainedRun], baseline: list[ConstrainedRun], share: str = "parse") -> float:
+    """How much larger a ``share`` ("parse": the whole answer is a JSON object; "found": one is inside it) of
+    ``runs``' unconstrained answers is than of ``baseline``'s (each from ``compare_modes``): > 0 when the first
+    model writes JSON more often without a grammar."""
+    if share not in ("parse", "found"):
+        raise ValueError(f"share must be 'parse' or 'found', got {share!r}")
+    shares = []
+    for name, rs in (("runs", runs), ("baseline", baseline)):
+        free = [r for r in rs if isinstance(r, ConstrainedRun) and r.mode == "unconstrained"] if rs else []
+        if not isinstance(rs, list) or len(free) != 1:
+            raise ValueError(f"{name} must be a list of ConstrainedRun from compare_modes with one unconstrained run")
+        shares.append(getattr(free[0], share))
+    return shares[0] - shares[1]
 
 
 def format_runs(runs: list[ConstrainedRun]) -> str:
     if not runs:
         raise ValueError("runs must be a non-empty list of ConstrainedRun (from compare_modes)")
     head = (
-        f"{'mode':<14} {'parse':>6} {'schema':>7} {'ended':>6} {'ended→parse':>11} {'tok/ans':>8} "
+        f"{'mode':<14} {'parse':>6} {'found':>6} {'schema':>7} {'ended':>6} {'ended→parse':>11} {'tok/ans':>8} "
         f"{'mask µs':>9} {'of wall':>7}"
     )
     return "\n".join([head, "-" * len(head), *(r.row() for r in runs)])
