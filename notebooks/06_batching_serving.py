@@ -650,9 +650,10 @@ plt.show()
 #
 # The same server, now with SmolLM2-135M-Instruct in its engine process. `EngineProcess` passes its keyword
 # arguments to `Engine` in the child, so the KV cache is sized there: 4 sequences of at most 512 tokens, not the
-# default 64 × 8,192 slots (both reservations are printed below). It also takes `linear="reference"`: the
-# engine's fast CPU path for decode (`engine.layers.SkinnyLinear`) packs a second, blocked copy of every weight
-# matrix, which doubles the weights' memory; one copy keeps the server's process near its weights plus torch.
+# default 64 × 8,192 slots (both reservations are printed below). On a CPU it also takes `linear="packed"`:
+# the engine's fast CPU kernel on weights packed once into oneDNN's blocked layout, with the plain copy freed
+# (the default `linear="auto"` keeps both, which doubles the weights' memory); one copy keeps the server's
+# process near its weights plus torch.
 # `/v1/chat/completions` renders the messages with the model's own chat template. The answer is printed chunk
 # by chunk as it arrives, and the stream's own arrival times give TTFT and the gaps between chunks (ITL).
 #
@@ -675,7 +676,8 @@ from course_lib.serving.server.process_memory import peak_rss_mib, rss_mib  # no
 CHAT = "smollm2-135m-instruct"
 chat_config = SchedulerConfig(max_model_len=512, max_num_seqs=4)
 kernel_before = rss_mib()
-chat_engine = server.EngineProcess(CHAT, threads=1, device=device, config=chat_config, linear="reference")
+chat_linear = "packed" if str(device) == "cpu" else "auto"
+chat_engine = server.EngineProcess(CHAT, threads=1, device=device, config=chat_config, linear=chat_linear)
 chat_server = server.serve(chat_engine, max_queue=8, model_name=CHAT)
 chat_peak_loaded = peak_rss_mib(chat_engine.pid)  # before any request: what loading the model took
 chat_client = OpenAI(base_url=chat_server.openai_base_url, api_key="not-needed")
@@ -703,10 +705,10 @@ compare_prediction(
 )
 
 # %% [markdown]
-# Where the stream's TPOT sits well above the floor, the usual reasons, largest first on a CPU: the reference
-# matmul path (MKL at one row) streams weights more slowly than a plain copy does (the skinny path that
-# closes much of that gap is the one switched off above, to save memory); each step runs 30 layers of Python
-# and small kernels whose fixed cost a 135M model does not hide; and each token also crosses the process pipe,
+# Where the stream's TPOT sits well above the floor, the usual reasons, largest first on a CPU: a matmul of
+# one row streams its weight more slowly than a plain copy does, even with oneDNN's packed layout (chapter 01
+# measures how close it gets); each step runs 30 layers of Python and small kernels whose fixed cost a 135M
+# model does not hide; and each token also crosses the process pipe,
 # the detokenizer and an SSE write. On a shared machine, anything else running takes bandwidth too.
 
 # %% [markdown]
@@ -809,9 +811,9 @@ if ended:
 # the forward.
 
 # %% [markdown]
-# Before the server goes, what each process holds. Loading copies the weights out of the memory-mapped file,
-# so for a moment both the file's pages and the copy are resident: is that the engine process's peak, or did
-# the requests (KV cache, activations, the grammar) push it higher?
+# Before the server goes, what each process holds. Loading reads the weights once, then packs them layer by
+# layer (a layer's plain and packed copies exist together for a moment): is that the engine process's peak,
+# or did the requests (KV cache, activations, the grammar) push it higher?
 
 # %%
 # NBVAL_IGNORE_OUTPUT
