@@ -273,14 +273,66 @@ def from_folder(folder: str | Path, dtype: torch.dtype = torch.float32):
     if missing:
         raise FileNotFoundError(f"converted checkpoint {folder} is missing {missing}")
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
-    # from_pretrained leaves the tensors in the memory-mapped file. Once the engine fuses q/k/v and gate/up
-    # into new tensors, the other views keep the whole mapping alive, so the process holds the file's pages
-    # and the fused copy: ~1.24 GB instead of ~0.99 GB for this model. Own copies free the mapping.
+    # from_pretrained (in fp32) leaves the tensors in the memory-mapped file without touching its pages. Once
+    # the engine fuses q/k/v and gate/up into new tensors, the other views keep the whole mapping alive, so
+    # the process holds the file's pages and the fused copy: ~1.24 GB instead of ~0.99 GB for this model.
+    # Cloning each tensor out of the mapping frees it but touches every page first: the load then peaks at
+    # the file plus its copy (~1.46 GB). Plain reads into each tensor's own memory (``read_safetensors_into``)
+    # never touch the mapping: the load peaks at one copy of the weights (plus one tensor, for bf16).
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     with torch.no_grad():
-        for tensor in list(model.parameters()) + list(model.buffers()):
-            tensor.data = tensor.data.clone()
+        read_safetensors_into(model, folder / "model.safetensors", dtype)
     return model.eval(), tokenizer
+
+
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+@torch.no_grad()
+def read_safetensors_into(model, path: str | Path, dtype: torch.dtype = torch.float32) -> int:
+    """Give every parameter and buffer of ``model`` its own memory in ``dtype``, read from the safetensors
+    file ``path`` with plain reads, one tensor at a time (the format: an 8-byte little-endian header length,
+    a JSON header of names, dtypes, shapes and byte offsets, then the data). Tensors the file does not hold
+    (computed buffers such as RoPE's ``inv_freq``) are copied as they are. Returns the bytes read."""
+    import numpy as np
+
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    path = Path(path)
+    with path.open("rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if not 2 <= n <= path.stat().st_size - 8:
+            raise ValueError(f"{path} is not a safetensors file (header length {n})")
+        header = json.loads(f.read(n))
+        start_of_data = 8 + n
+        tensors = dict(model.named_parameters())  # tied weights appear once
+        tensors.update(model.named_buffers())
+        done, nbytes = set(), 0
+        for name, info in header.items():
+            if name == "__metadata__" or name not in tensors:
+                continue
+            file_dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
+            if file_dtype is None:
+                raise ValueError(f"{path}: tensor {name!r} has dtype {info['dtype']}; expected one of F32/F16/BF16")
+            t = tensors[name]
+            if list(t.shape) != list(info["shape"]):
+                raise ValueError(f"{path}: tensor {name!r} has shape {info['shape']}, the model wants {list(t.shape)}")
+            first, end = info["data_offsets"]
+            buf = torch.empty(info["shape"], dtype=file_dtype)
+            f.seek(start_of_data + first)
+            view = buf.view(torch.uint8).numpy() if buf.numel() else np.empty(0, np.uint8)
+            if f.readinto(memoryview(view.reshape(-1))) != end - first:
+                raise ValueError(f"{path} is truncated inside tensor {name!r}")
+            want = dtype if t.is_floating_point() else t.dtype
+            t.data = buf if buf.dtype == want else buf.to(want)
+            done.add(name)
+            nbytes += end - first
+    for name, t in tensors.items():
+        if name not in done:  # not in the file: computed at construction, own it (and cast it) too
+            t.data = (
+                t.data.to(dtype) if t.is_floating_point() and name in dict(model.named_parameters()) else t.data.clone()
+            )
+    return nbytes
 
 
 def load(name: str, dtype: torch.dtype = torch.float32):
@@ -325,6 +377,7 @@ __all__ = [
     "load",
     "model_cache_dir",
     "open_gguf",
+    "read_safetensors_into",
     "save_converted",
     "source",
     "warm",
