@@ -108,6 +108,7 @@ from course_lib.measure.report import record
 from course_lib.models.gguf import gguf_file
 
 torch.manual_seed(0)
+decode_formats.return_large_blocks()  # freed tensors of a MB or more go back to the OS (RSS = memory in use)
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 if not CUDA:
@@ -280,6 +281,8 @@ my_int4_model_speedup = None  # e.g. 5.0
 # NBVAL_IGNORE_OUTPUT
 print(references.cite("gpt_fast_llama2_quantized_tok_s", link=False))
 print(references.cite("gpt_fast_llama2_7b_fp16_tok_s", link=False))
+del w, back, qw, err  # section 1's matrices
+decode_formats.free_memory()
 dec = decode_formats.decode_speeds(new_tokens=course_lib.pick(8, 32), repeats=course_lib.pick(3, 5))
 print(decode_formats.table(dec, peaks.bandwidth))
 d = {r.name: r for r in dec}
@@ -334,8 +337,8 @@ head_caps = claim(
 #
 # SmolLM2 came as Q4_1, so its "fp32" is the **dequantized Q4_1**: that is the reference here, and every
 # other format rounds those weights *again*. Three measures (`compression.requant`): perplexity on held
-# text (the course corpus's validation split, windows of 256 tokens, batch 2 because each window's logits
-# are 256 × 49,152 floats); teacher-forced agreement with the reference's argmax; and greedy chat answers
+# text (the course corpus's validation split, windows of 256 tokens, one at a time because each window's
+# logits are 256 × 49,152 floats); teacher-forced agreement with the reference's argmax; and greedy chat answers
 # (chat template applied) compared token by token with the reference's. The LM head is int8 per channel
 # in every quantized row. int4 groups of 128 do not divide the hidden size 576 = 9 · 64, so the coarse
 # int4 here is g64. *Predict:* which row costs the most perplexity?
@@ -352,7 +355,7 @@ live = {
     "int4 g32 RTN": lambda e: requant.quantized_layers(e, requant.INT4_G32),
     "int4 g64 RTN": lambda e: requant.quantized_layers(e, requant.INT4_G64),
 }
-qual = requant.compare_formats(smol, windows, chats, live, max_new_tokens=course_lib.pick(24, 48))
+qual = requant.compare_formats(smol, windows, chats, live, max_new_tokens=course_lib.pick(24, 48), batch=1)
 print(f"{qual[0]['tokens']} held tokens, {len(chats)} chat prompts; reference = dequantized Q4_1 ('fp32')")
 print(requant.quality_table(qual))
 

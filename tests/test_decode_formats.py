@@ -2,7 +2,6 @@
 chunked quantization, the format comparison's bookkeeping (on tiny-target, so CI stays fast), and the
 plain-read loader of models.gguf."""
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
