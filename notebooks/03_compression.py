@@ -345,12 +345,16 @@ head_caps = claim(
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-smol = Engine("smollm2-135m-instruct", config=SchedulerConfig(max_model_len=512, max_num_seqs=4), linear="reference")
+n_chats = course_lib.pick(2, 4)
+smol = Engine(
+    "smollm2-135m-instruct", config=SchedulerConfig(max_model_len=256, max_num_seqs=n_chats), linear="reference"
+)
 windows = requant.held_windows(smol, course_lib.pick(2, 16))
-chats = requant.chat_ids(smol.tokenizer, requant.CHAT_PROMPTS[: course_lib.pick(2, 4)])
-q41 = gguf_int4.engine_qweights(gguf_file("smollm2-135m-instruct"))
-live = {
-    "Q4_1 as stored, int8 head": lambda e: requant.quantized_layers(e, requant.INT4_G32, q41),
+chats = requant.chat_ids(smol.tokenizer, requant.CHAT_PROMPTS[:n_chats])
+live = {  # each format's layers are built when it is scored and freed after it
+    "Q4_1 as stored, int8 head": lambda e: requant.quantized_layers(
+        e, requant.INT4_G32, gguf_int4.engine_qweights(gguf_file("smollm2-135m-instruct"))
+    ),
     "int8 per-channel RTN": lambda e: requant.quantized_layers(e, requant.INT8),
     "int4 g32 RTN": lambda e: requant.quantized_layers(e, requant.INT4_G32),
     "int4 g64 RTN": lambda e: requant.quantized_layers(e, requant.INT4_G64),
@@ -392,7 +396,7 @@ small_groups = claim(
 # NBVAL_IGNORE_OUTPUT
 names = [f"layers.{smol.model.num_layers // 2}.{p}" for p in ("qkv", "o", "gate_up", "down")]
 calib = requant_record.calibration_tokens(smol, chars=course_lib.pick(40_000, 400_000))
-hessians = collect_inputs(smol, names, n_samples=course_lib.pick(4, 32), seq_len=256, data=calib)
+hessians = collect_inputs(smol, names, n_samples=course_lib.pick(4, 32), seq_len=256, data=calib, batch=1)
 _, gptq_report = gptq.gptq_qweights(smol, requant.INT4_G64, hessians, names=names)
 print(
     f"GPTQ int4 g64 on {len(names)} layers, {course_lib.pick(4, 32)} calibration windows, {gptq_report['seconds']:.1f} s:"
