@@ -137,36 +137,41 @@ class PackedLinear(Linear):
     of ``SkinnyLinear``, whose plain weight stays for prefill and for the HF model that shares it; the price
     is that the plain weight is gone (``weight`` is a meta tensor: its shape and dtype only). ``unpacked()``
     rebuilds it exactly, as ``I · Wᵀ`` (a product with the identity adds only zeros). ``Engine(...,
-    linear="packed")`` uses it for a real model on a small-memory machine (Binder's 1-2 GB)."""
+    linear="packed")`` uses it for a real model on a small-memory machine (Binder's 1-2 GB). fp32 or bf16
+    weights (bf16 on a CPU with AVX-512 BF16 runs oneDNN's bf16 kernel; chapter 03 times it); the input is
+    cast to the weight's dtype and the output back to the input's."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, rows_hint: int = 16) -> None:
         super().__init__(weight, bias)
         if not self.available(weight):
             raise ValueError(
-                f"PackedLinear needs an fp32 weight on a CPU with oneDNN (torch.backends.mkldnn); got "
+                f"PackedLinear needs an fp32 or bf16 weight on a CPU with oneDNN (torch.backends.mkldnn); got "
                 f"{weight.dtype} on {weight.device}"
             )
-        self._packed = _pack(weight.detach(), rows_hint)
+        self._packed = _pack(weight.detach().contiguous(), rows_hint)
         self.weight = torch.empty(weight.shape, dtype=weight.dtype, device="meta")  # shape and dtype only
 
     @staticmethod
     def available(weight: torch.Tensor) -> bool:
-        return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+        return (
+            weight.device.type == "cpu"
+            and weight.dtype in (torch.float32, torch.bfloat16)
+            and torch.backends.mkldnn.is_available()
+        )
 
     @classmethod
     def from_linear(cls, lin: Linear, **kwargs) -> "PackedLinear":
         return cls(lin.weight, lin.bias, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        y = torch.ops.mkldnn._linear_pointwise(
-            x.reshape(-1, shape[-1]).contiguous(), self._packed, None, "none", [], ""
-        )
+        shape, dtype = x.shape, self.weight.dtype
+        x2 = x.reshape(-1, shape[-1]).to(dtype).contiguous()  # (rows, in)
+        y = torch.ops.mkldnn._linear_pointwise(x2, self._packed, None, "none", [], "")
         if self.bias is not None:
-            y.add_(self.bias)
-        return y.reshape(*shape[:-1], self.out_features)
+            y.add_(self.bias.to(dtype))
+        return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
 
     def unpacked(self) -> torch.Tensor:
         """The plain (out, in) weight again, bit for bit."""
-        eye = torch.eye(self.in_features, dtype=torch.float32)
+        eye = torch.eye(self.in_features, dtype=self.weight.dtype)
         return torch.ops.mkldnn._linear_pointwise(eye, self._packed, None, "none", [], "").t().contiguous()

@@ -268,9 +268,14 @@ def _read_safetensors(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]
     """Every tensor of a safetensors file, read with ``readinto`` into freshly allocated memory (no mapping)."""
     from safetensors.torch import _TYPES  # the format's dtype names ("F32", "BF16", ...) → torch dtypes
 
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     with open(path, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
+        try:
+            header = json.loads(f.read(size))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path} is not a safetensors file, or is truncated inside its header") from exc
         base = 8 + size
         state = {}
         for name, info in header.items():
