@@ -80,6 +80,7 @@ import torch
 from IPython.display import display
 
 import course_lib
+from course_lib.core import memory
 from course_lib.core.mode import pick
 from course_lib.decoding import (
     assisted,
@@ -108,6 +109,7 @@ from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
 
 torch.manual_seed(0)
+memory.return_large_blocks()  # freed tensors of a MB or more go back to the OS (RSS = memory in use)
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 if not CUDA:
@@ -624,6 +626,7 @@ from course_lib.decoding.prompts import CHAT_FREE, CHAT_GROUNDED, chat_ids  # no
 from course_lib.engine import SchedulerConfig  # noqa: E402
 from course_lib.engine.speculative import load_layer_draft  # noqa: E402
 
+memory.trim_heap()  # what the tiny models' sections freed goes back to the OS before the real model loads
 # on a CPU, oneDNN's packed weights only (linear="packed"): the default "auto" keeps the plain weights
 # beside the packed copy (+0.5 GB, past Binder's 1.5 GB); plain and speculative decoding share the engine
 smol = Engine(
@@ -747,6 +750,7 @@ print(
     "every SmolLM2 draft run token-identical to plain greedy:", HAVE_DRAFT and all(r.identical for r in smol_draft_rows)
 )
 smol = sdraft = None  # the rest of the chapter runs on the tiny models: give SmolLM2's memory back
+memory.trim_heap()
 
 # %% [markdown]
 # Read the table with the formula beside it: α is what distillation buys, c what the truncated head and

@@ -71,9 +71,11 @@ def test_family_sizes_and_repo_weight_budget():
     assert 1e6 < n_t < 10e6, "target should have a few million parameters"
     assert 5 < n_t / n_d < 15, "draft should be about 10x smaller"
     # every shipped weight file together: tiny-target and its MQA uptraining (~20 MB each, fp32), two drafts
-    # and the Medusa heads (a few MB each). A clone for Binder or CI must stay quick: raise this knowingly.
+    # and the Medusa heads (a few MB each), and SmolLM2's 3-layer draft (31 MB in fp16: its layers and an
+    # 8,192-token head; the embedding is the target's, shared at load time, not shipped). A clone for
+    # Binder or CI must stay quick: raise this knowingly.
     total = sum(f.stat().st_size for f in MODELS.rglob("*.safetensors"))
-    assert total < 60e6
+    assert total < 90e6
 
 
 def test_validation_perplexity_matches_model_card():

@@ -61,3 +61,11 @@ def test_packed_needs_fp32_on_the_cpu_before_any_load(kwargs, monkeypatch):
 
 def test_trim_heap_runs():
     assert trim_heap() in (True, False)
+
+
+def test_return_large_blocks_checks_its_threshold():
+    from course_lib.core.memory import return_large_blocks
+
+    with pytest.raises(ValueError, match="threshold must be a positive int"):
+        return_large_blocks(0)
+    assert return_large_blocks(1 << 20) in (True, False)

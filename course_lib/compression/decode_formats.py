@@ -26,6 +26,7 @@ import torch
 
 from course_lib.compression.linear import WeightOnlyLinear
 from course_lib.compression.quantize import QuantConfig
+from course_lib.core.memory import return_large_blocks, trim_heap
 from course_lib.engine.layers import PackedLinear
 
 MODEL = "smollm2-135m-instruct"
@@ -113,38 +114,6 @@ class DecodeRow:
         return 1.0 / self.step_s
 
 
-def _libc():
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None
-
-
-def free_memory() -> None:
-    """``gc.collect()``, then hand freed heap pages back to the OS (glibc's ``malloc_trim``) so RSS shows
-    the memory really in use; elsewhere only the collection."""
-    gc.collect()
-    libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
-
-
-def return_large_blocks(threshold: int = 1 << 20) -> bool:
-    """Make glibc serve every allocation of ``threshold`` bytes or more with its own mapping, returned to the
-    OS when freed. (By default glibc raises that threshold after each large free, up to 32 MB, and keeps
-    later temporaries of a few MB in its heap: quantizing 120 layers then leaves ~300 MB of freed
-    temporaries counted in RSS.) Returns whether it applied."""
-    libc = _libc()
-    if libc is None or not hasattr(libc, "mallopt"):
-        return False
-    return bool(libc.mallopt(-3, int(threshold)))  # M_MMAP_THRESHOLD
-
-
 def quantize_chunked(w: torch.Tensor, config: QuantConfig, rows: int = 4096):
     """``quantize.quantize`` a block of ``rows`` rows at a time (exact: scales are per row or per group of a
     row), so the temporaries of a 49,152-row LM head stay a few MB instead of several copies of it."""
@@ -203,7 +172,7 @@ def decode_speeds(
         if isinstance(v, bool) or not isinstance(v, int) or v < (2 if name == "new_tokens" else 1):
             raise ValueError(f"{name} must be an int >= {2 if name == 'new_tokens' else 1}, got {v!r}")
     config = SchedulerConfig(max_model_len=max_model_len, max_num_seqs=1)
-    return_large_blocks()
+    return_large_blocks()  # core.memory
     rows: list[DecodeRow] = []
     for dtype, group in (("fp32", FORMATS[:4]), ("bf16", FORMATS[4:])):
         todo = [f for f in group if f in formats]
@@ -222,9 +191,9 @@ def decode_speeds(
             if plain is not None:
                 for name, lin in plain.items():
                     eng.model.set_linear(name, lin)
-            free_memory()
+            trim_heap()
         del eng, plain
-        free_memory()
+        trim_heap()
     order = {f: i for i, f in enumerate(formats)}
     return sorted(rows, key=lambda r: order[r.name])
 
@@ -256,8 +225,6 @@ __all__ = [
     "FORMATS",
     "DecodeRow",
     "decode_speeds",
-    "free_memory",
-    "return_large_blocks",
     "layer_bytes",
     "pack_float_engine",
     "quantize_chunked",

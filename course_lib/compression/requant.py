@@ -23,9 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from course_lib.compression.decode_formats import INT8, free_memory, quantize_chunked
+from course_lib.compression.decode_formats import INT8, quantize_chunked
 from course_lib.compression.linear import WeightOnlyLinear
 from course_lib.compression.quantize import QuantConfig
+from course_lib.core.memory import trim_heap
 
 INT4_G64 = QuantConfig(4, False, "group", 64)  # 128 does not divide the hidden size 576 = 9·64
 INT4_G32 = QuantConfig(4, False, "group", 32)
@@ -155,7 +156,7 @@ def swap(engine, layers: dict):
     finally:
         for name in layers:
             engine.model.set_linear(name, old[name])
-        free_memory()
+        trim_heap()
 
 
 def compare_formats(engine, windows, ids, formats: dict, max_new_tokens: int = 32, batch: int = 2) -> list[dict]:
