@@ -1,4 +1,4 @@
-"""Exercises of 08_system_around_the_model.ipynb: the tokens a prefix cache can reuse, a guardrail's error
+"""Exercises of 08_system_1_context_guardrails_gateway.ipynb: the tokens a prefix cache can reuse, a guardrail's error
 rates from its confusion counts, and a re-measured TTFT cost of retrieved context on the learner's machine."""
 
 from __future__ import annotations

@@ -1,2 +1,2 @@
 """Chapter 08: the system around the model (Huyen, *AI Engineering*, ch. 10): context from a retriever,
-guardrails on the way in and out. Introduced in 08_system_around_the_model.ipynb."""
+guardrails on the way in and out. Introduced in 08_system_1_context_guardrails_gateway.ipynb."""

@@ -7,7 +7,7 @@ prompts it would block or rewrite; the false-negative rate the share of bad ones
 per prompt, timed over repeats with ``time.perf_counter`` (``latency``: p50 and p99 in µs), the figure to
 set beside a TTFT. On the way out, ``json_answers`` asks the chat model for a JSON object unconstrained and
 with the engine's grammar-constrained decoding (``SamplingParams.structured``, chapter 06), and validates each
-answer against a schema. Introduced in 08_system_around_the_model.ipynb.
+answer against a schema. Introduced in 08_system_1_context_guardrails_gateway.ipynb.
 """
 
 from __future__ import annotations

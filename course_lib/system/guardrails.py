@@ -8,7 +8,7 @@ phrases that prompt-injection attempts use ("ignore all previous instructions", 
 prompt"). Each returns the spans it found, so ``scrub`` can replace them with a placeholder and forward the
 rest. All three are pattern matchers: they miss what their patterns do not name (false negatives) and flag
 innocent text that looks like a pattern (false positives); ``guard_eval`` counts both. Introduced in
-08_system_around_the_model.ipynb.
+08_system_1_context_guardrails_gateway.ipynb.
 """
 
 from __future__ import annotations

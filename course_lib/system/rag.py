@@ -8,7 +8,7 @@ answer by a stated rule (``is_correct``: one of the question's keywords appears 
 not free: every retrieved token is prefilled before the first answer token, and chapter 02 measured TTFT
 growing with prompt length. ``ttft`` times single requests; ``prefix_cache_ttft`` shows what reusing the KV
 blocks of the fixed system prompt (paged KV cache with prefix caching, chapter 06) takes off it. Introduced
-in 08_system_around_the_model.ipynb.
+in 08_system_1_context_guardrails_gateway.ipynb.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ BM25 scores a document by the query terms it contains, each weighted by how rare
 question that names ``bisect_left`` finds the document that names it; a question in other words than the
 document's may not. ``recall_at_k`` measures that on a labelled question set before any model sees a
 retrieved word: the generator cannot use a document the retriever did not return. Introduced in
-08_system_around_the_model.ipynb.
+08_system_1_context_guardrails_gateway.ipynb.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ imports a list of standard-library modules and keeps one document per public fun
 that has a docstring: its dotted name and the docstring's first ``max_chars`` characters. The documents
 differ from Python version to version (the docstrings do), so a question set over them is checked against
 the corpus of the running interpreter (``tests/test_system_retrieval.py``). Introduced in
-08_system_around_the_model.ipynb.
+08_system_1_context_guardrails_gateway.ipynb.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@
 # token (and what prefix caching gives back), how often each guardrail is wrong, and how long it takes.
 
 # %% [markdown]
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-course/course/blob/main/notebooks/08_system_around_the_model.ipynb)
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-course/course/blob/main/notebooks/08_system_1_context_guardrails_gateway.ipynb)
 
 # %%
 # Colab only: fetch the course and install course_lib WITHOUT replacing Colab's own torch/triton.
@@ -81,7 +81,7 @@ CUDA = torch.cuda.is_available()
 if not CUDA:
     torch.set_num_threads(1)  # one engine thread: steadier timings on a shared CPU
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
-ch = "08_system_around_the_model"
+ch = "08_system_1_context_guardrails_gateway"
 # One engine for the whole chapter: a small KV pool (4 sequences of at most 768 tokens, 46 KB per token in
 # fp32) and a 256-token step budget keep the process far below Binder's memory limit.
 engine = Engine(
