@@ -53,3 +53,21 @@ def test_compare_prediction(capsys):
     assert "no prediction written" in capsys.readouterr().out
     with pytest.raises(ValueError, match="theory"):
         compare_prediction("x", 1.0, theory="big")
+
+
+def test_claim_inside_the_noise(capsys):
+    from course_lib.measure.claims import claim, relative_spread
+
+    assert relative_spread([0.9, 1.0, 1.1]) == pytest.approx(0.1)
+    v = claim("x is at least 1.0", 1.05, at_least=1.0, spread=0.1)
+    out = capsys.readouterr().out
+    assert v.inside_noise and v.held and "inside the noise" in out and "this run held" in out
+    v = claim("x is at least 1.0", 0.95, at_least=1.0, spread=0.1)
+    assert v.inside_noise and not v.held and "this run missed" in capsys.readouterr().out
+    # far from the threshold, the spread does not matter: a false claim still fails plainly
+    v = claim("x is at least 2.0", 1.0, at_least=2.0, spread=0.1)
+    assert not v.inside_noise and not v.held and "does not hold" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="spread"):
+        claim("x", 1.0, at_least=1.0, spread=-0.1)
+    with pytest.raises(ValueError, match="at least 2"):
+        relative_spread([1.0])

@@ -20,6 +20,7 @@ class Verdict:
     held: bool
     statement: str = ""
     margin: float = math.nan  # how far past (>1) or short of (<1) the threshold the measurement fell
+    inside_noise: bool = False  # the threshold lies within the run-to-run spread: this run cannot decide it
 
     def __bool__(self) -> bool:
         return bool(self.held)
@@ -56,6 +57,7 @@ def claim(
     at_most=None,
     unit: str = "",
     why_not: str = "",
+    spread=None,
 ) -> Verdict:
     """Print whether ``statement`` held: ``measured`` >= ``at_least`` and/or <= ``at_most``.
 
@@ -63,12 +65,21 @@ def claim(
     :class:`Verdict` carries ``margin`` (measured/threshold for ``at_least``, threshold/measured for
     ``at_most``; the smaller of the two if both): mark a verdict cell ``NBVAL_CHECK_OUTPUT`` only when
     the margin is 2 or more on every machine you can think of.
+
+    ``spread`` is the measurement's relative run-to-run spread on this machine (0.1 = ±10%; see
+    :func:`relative_spread`). When the threshold lies inside ``measured × (1 ± spread)``, this run cannot
+    decide the claim: the line says "inside the noise on this machine" (and which way this run fell), and
+    the verdict's ``inside_noise`` is set. ``held`` still reports this run.
     """
     if not isinstance(statement, str) or not statement.strip():
         raise ValueError(f"statement must be a non-empty string, got {statement!r}")
     if at_least is None and at_most is None:
         raise ValueError("give at_least=, at_most= or both: a claim needs a threshold")
     value = _number("measured", measured)
+    if spread is not None:
+        spread = _number("spread", spread)
+        if spread < 0:
+            raise ValueError(f"spread must be >= 0 (a relative run-to-run spread, 0.1 = ±10%), got {spread!r}")
     margins, bounds = [], []
     if at_least is not None:
         low = _number("at_least", at_least)
@@ -81,12 +92,37 @@ def claim(
     held = (at_least is None or value >= float(at_least)) and (at_most is None or value <= float(at_most))
     margin = min(margins)
     head = f"measured {_fmt(value, unit)}, claim needs {' and '.join(bounds)}"
+    thresholds = [float(t) for t in (at_least, at_most) if t is not None]
+    noisy = bool(spread) and any(value * (1 - spread) <= t <= value * (1 + spread) for t in thresholds)
+    if noisy:
+        way = "held" if held else "missed"
+        print(
+            f"≈ inside the noise on this machine: {statement} ({head}; run-to-run spread ±{spread:.0%}, "
+            f"so the threshold is within it; this run {way})"
+        )
+        return Verdict(held, statement, margin, inside_noise=True)
     if held:
         print(f"✅ holds on this machine: {statement} ({head})")
     else:
         reason = f"\n   likely reason: {why_not}" if why_not else ""
         print(f"✗ does not hold on this machine: {statement} ({head}){reason}")
     return Verdict(held, statement, margin)
+
+
+def relative_spread(samples) -> float:
+    """Half the range of repeated measurements over their median: 0.1 means ±10% (for ``claim(spread=)``)."""
+    try:
+        values = [_number("samples", v) for v in samples]
+    except TypeError:
+        raise ValueError(f"samples must be an iterable of numbers, got {samples!r}") from None
+    if len(values) < 2:
+        raise ValueError(f"samples needs at least 2 repeats to have a spread, got {len(values)}")
+    values.sort()
+    mid = len(values) // 2
+    median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    if median == 0:
+        raise ValueError("samples have a median of 0: a relative spread is undefined")
+    return (values[-1] - values[0]) / (2 * abs(median))
 
 
 def _ratio(r: float) -> str:
@@ -117,4 +153,4 @@ def compare_prediction(name: str, prediction, *, theory=None, measured=None, uni
         print("  (no prediction written: set your prediction variable to a number before measuring, then re-run)")
 
 
-__all__ = ["Verdict", "claim", "compare_prediction"]
+__all__ = ["Verdict", "claim", "compare_prediction", "relative_spread"]
