@@ -193,6 +193,20 @@ def test_trace_and_stream(tokenizer):
     assert "".join(pieces) == res.text
 
 
+def test_stream_cuts_at_a_stop_string_like_generate():
+    """Engine.stream detokenizes incrementally (TextStream): its pieces add up to generate's text, cut
+    before the stop string, and no piece ever contains the stop string's start once it completes."""
+    engine = Engine("tiny-target")
+    prompt = "def add(a, b):\n"
+    free = engine.generate([prompt], SamplingParams(max_new_tokens=24, ignore_eos=True))[0].text
+    stop = free[len(free) // 2 : len(free) // 2 + 2]  # a 2-character string the answer is known to contain
+    assert stop and stop in free
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True, stop=(stop,))
+    res = engine.generate([prompt], params)[0]
+    pieces = [piece for piece, _ in engine.stream(prompt, params)]
+    assert res.finish_reason == "stop" and "".join(pieces) == res.text == free[: free.find(stop)]
+
+
 def test_bad_input_is_rejected_before_compute(tokenizer):
     engine = Engine(random_llama(tokenizer, seed=9), tokenizer)
     with pytest.raises(ValueError, match="empty"):

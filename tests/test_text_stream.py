@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from course_lib.serving.server.text_stream import FullDecodeTextStream, TextStream, cost_per_token_us
+from course_lib.engine.text_stream import FullDecodeTextStream, TextStream, cost_per_token_us
 
 
 class ByteTokenizer:

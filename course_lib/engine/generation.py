@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from course_lib.engine.attention import NoCacheBackend
 from course_lib.engine.sampling import SamplingParams
 from course_lib.engine.sequence import TokenEvent
+from course_lib.engine.text_stream import TextStream
 from course_lib.measure.metrics import RequestTrace
 
 
@@ -126,16 +127,12 @@ def generate(
 
 
 def stream(engine, prompt: str, params: SamplingParams | None = None) -> Iterator[tuple[str, TokenEvent]]:
-    """Yield (text piece, event) per token of one prompt, decoding text incrementally."""
+    """Yield (text piece, event) per token of one prompt, detokenizing incrementally (O(1) amortised per
+    token, :class:`~course_lib.engine.text_stream.TextStream`): a piece is "" while a split UTF-8 character
+    or a possible stop string's start is held back, and the text is cut before a stop string."""
     params = params or SamplingParams()
     ids = engine.encode([prompt])
-    out: list[int] = []
-    shown = ""
+    text = TextStream(engine.tokenizer, tuple(params.stop))
     for ev in engine.events(ids, params):
-        out.append(ev.token_id)
-        text = engine.tokenizer.decode(out, skip_special_tokens=True)
-        if text.endswith("\ufffd") and not ev.finished:
-            piece = ""  # a multi-byte character is split across tokens: wait for its other bytes
-        else:
-            piece, shown = text[len(shown) :], text
+        piece = text.push(ev.token_id, (ev.finish_reason or "length") if ev.finished else None)
         yield piece, ev
