@@ -169,3 +169,27 @@ def test_compare_modes_measures_what_the_chapter_claims(engine):
             run_constrained(engine, **kwargs)
     with pytest.raises(ValueError, match="non-empty list"):
         format_runs([])
+
+
+def test_batched_mask_equals_row_by_row(engine):
+    """Grammars.mask_batch (one bitmask fill over every matcher, one masked write) masks exactly what the
+    row-by-row path does: two grammars at different states, and a free row left untouched."""
+    import torch
+
+    from course_lib.engine.structured import mask_rows
+
+    class Row:  # what mask_rows reads of a sequence
+        def __init__(self, grammar):
+            self.grammar = grammar
+
+    g = engine.grammars
+    a, b = g.grammar("json"), g.grammar(json.dumps(SCHEMA))
+    for tok in engine.tokenizer.encode('{"name": "x'):  # move one matcher past its start
+        if not a.matcher.accept_token(tok):
+            break
+    seqs = [Row(a), Row(None), Row(b), Row(a.fresh())]
+    logits = torch.randn(len(seqs), engine.model.vocab_size, generator=torch.Generator().manual_seed(0))
+    batched, single = mask_rows(logits, seqs), mask_rows(logits, seqs, batched=False)
+    assert torch.equal(batched, single) and torch.equal(batched[1], logits[1])
+    assert torch.isinf(batched[0]).sum() > 0 and not torch.equal(torch.isinf(batched[0]), torch.isinf(batched[3]))
+    assert mask_rows(logits, [Row(None)] * 4) is logits  # nothing structured: no copy
