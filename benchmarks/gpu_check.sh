@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # One pass over every GPU path of the course, for a short loan of a CUDA machine (about 9 minutes).
 #
-#     OUT=/some/dir bash benchmarks/gpu_check.sh [deadline_s]
+#     OUT=/some/dir bash benchmarks/gpu_check.sh [deadline_s] [part]
+#
+# part: "all" (default), "kernels" (steps 1-5) or "notebooks" (step 6 only, every chapter): two parts fit
+# two short runs of a 15-minute loan when one pass does not. Afterwards, on the machine that has $OUT:
+#     python benchmarks/gpu_collect.py $OUT     # rewrites data/measurements/<gpu>.json from the run
 #
 # Runs, in order of value, each step under its own time limit and skipped once the deadline is near:
 #   1. the kernel tests with the Triton compiler (TRITON_INTERPRET=0): flash attention, paged decode,
@@ -10,12 +14,19 @@
 #   3. benchmarks/flash_attention_gpu.py and benchmarks/quant_kernels_gpu.py (JSON into $OUT);
 #   4. benchmarks/serving_policies.py --quick on CUDA (continuous vs static batching, sim vs real);
 #   5. benchmarks/engine_vs_hf.py on CUDA (greedy identity and speed);
-#   6. notebooks in full mode, run as scripts (jupytext percent files are plain Python).
+#   6. every notebook in full mode, run as a script (jupytext percent files are plain Python), each under
+#      its own limit; the summary records "ran (N s)" or the failure, which gpu_collect.py stores.
 # Every step's output goes to $OUT/<step>.log; a failed step does not stop the next one.
 set -u
 export OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 DEADLINE=${1:-520}
+PART=${2:-all}
+case "$PART" in all | kernels | notebooks) ;; *)
+    echo "part must be all, kernels or notebooks, got '$PART'" >&2
+    exit 2
+    ;;
+esac
 START=$(date +%s)
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 MPLBACKEND=Agg HF_HUB_OFFLINE=1 PYTHONHASHSEED=0
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -51,10 +62,11 @@ step() { # name limit_s command...
 } >"$OUT/env.log" 2>&1
 cat "$OUT/env.log"
 
-step tests 170 $PY -m pytest -q -p no:cacheprovider -o addopts= --timeout 90 --junitxml="$OUT/tests.xml" \
-    tests/test_flash_attention.py tests/test_paged.py tests/test_quant_matmul.py tests/test_prune.py \
-    tests/test_intensity_kernel.py tests/test_transfer.py tests/test_hardware.py tests/test_models.py
-step peaks 60 $PY -c "
+if [ "$PART" != notebooks ]; then
+    step tests 170 $PY -m pytest -q -p no:cacheprovider -o addopts= --timeout 90 --junitxml="$OUT/tests.xml" \
+        tests/test_flash_attention.py tests/test_paged.py tests/test_quant_matmul.py tests/test_prune.py \
+        tests/test_intensity_kernel.py tests/test_transfer.py tests/test_hardware.py tests/test_models.py
+    step peaks 60 $PY -c "
 import json, os
 from course_lib.measure import microbench
 p = microbench.measured_peaks('cuda', refresh=True)
@@ -62,13 +74,18 @@ print(p)
 print(p.provenance)
 import dataclasses
 json.dump(dataclasses.asdict(p), open(os.environ['OUT'] + '/peaks.json', 'w'), indent=1)
-"
-step flash 100 $PY benchmarks/flash_attention_gpu.py --out "$OUT/flash_attention.json" --rep 40
-step quant 70 $PY benchmarks/quant_kernels_gpu.py --out "$OUT/quant_kernels.json" --rep 40
-step serving 110 $PY benchmarks/serving_policies.py --quick --device cuda
-step engine_vs_hf 45 $PY benchmarks/engine_vs_hf.py --device cuda --repeats 3 --json "$OUT/engine_vs_hf.json"
-export COURSE_MODE=full
-for nb in 00_setup_and_hardware 01_bottlenecks 05_attention_kv_cache 03_compression; do
-    step "nb_$nb" 100 $PY "notebooks/$nb.py"
-done
+    "
+    step flash 100 $PY benchmarks/flash_attention_gpu.py --out "$OUT/flash_attention.json" --rep 40
+    step quant 70 $PY benchmarks/quant_kernels_gpu.py --out "$OUT/quant_kernels.json" --rep 40
+    step serving 110 $PY benchmarks/serving_policies.py --quick --device cuda
+    step engine_vs_hf 45 $PY benchmarks/engine_vs_hf.py --device cuda --repeats 3 --json "$OUT/engine_vs_hf.json"
+fi
+if [ "$PART" != kernels ]; then
+    export COURSE_MODE=full
+    NB_LIMIT=${NB_LIMIT:-100}
+    for nb in notebooks/[0-9][0-9]_*.py; do
+        nb=$(basename "$nb" .py)
+        step "nb_$nb" "$NB_LIMIT" $PY "notebooks/$nb.py"
+    done
+fi
 echo "== total $(($(date +%s) - START)) s" | tee -a "$OUT/summary.txt"

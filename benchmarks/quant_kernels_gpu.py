@@ -6,7 +6,10 @@ For each weight (N out × K in: 4096x4096, 8192x8192, 4096x14336, 14336x4096), b
 dtype, it times ``F.linear(x, W)`` with W in that dtype, ``int8_matmul`` (per-channel scales) and
 ``int4_matmul`` (groups of 128) with ``triton.testing.do_bench`` (median), and prints the weight bytes
 streamed per second (GB/s: the figure to hold against the GPU's memory bandwidth) and the speed-up over
-F.linear. Each kernel's result is also checked against its torch reference (``err``: max |Δ| / max |ref|).
+F.linear. In bf16 it also times torch's own int4 path (``_weight_int4pack_mm``, tinygemm: the kernel gpt-fast
+and torchao use) on the same weights, the bar the course's int4 kernel has to meet; where this torch or GPU
+lacks it, the JSON says why. Each kernel's result is also checked against its torch reference (``err``:
+max |Δ| / max |ref|).
 ``--sweep`` also tries a few block sizes and K splits and reports the best (there is no autotuning).
 On a machine without CUDA it prints why and exits 0. Not a test: timings vary from run to run.
 Nothing here touches a GPU (or Triton) at import time.
@@ -52,12 +55,14 @@ def run(args) -> list[dict]:
     import torch.nn.functional as F
 
     from course_lib.kernels import quant_matmul as qm
-    from course_lib.kernels.gpu_bench import best_config, gpu_seconds, rel_err
+    from course_lib.kernels.gpu_bench import best_config, gpu_seconds, rel_err, tinygemm_int4
 
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
+    unavailable: dict[str, str] = {}  # baselines this torch/GPU lacks, with the reason (into the JSON)
+    run.unavailable = unavailable
 
     def bench(fn) -> float:
         return gpu_seconds(fn, args.rep)
@@ -92,11 +97,20 @@ def run(args) -> list[dict]:
                         calls[f"int4 g{GROUP}"]({})(), qm.int4_matmul_ref(x, packed, scales, zeros, GROUP)
                     ),
                 }
+                if dname == "bf16":
+                    tiny, why = tinygemm_int4(packed, scales, zeros, GROUP)
+                    if tiny is None:
+                        print(f"  torch int4 (tinygemm) unavailable: {why}", flush=True)
+                        unavailable.setdefault("torch int4 (tinygemm)", why)
+                    else:
+                        calls["torch int4"] = lambda kw, tiny=tiny: lambda: tiny(x)
+                        errs["torch int4"] = rel_err(tiny(x), qm.int4_matmul_ref(x, packed, scales, zeros, GROUP))
+                        bytes_["torch int4"] = bytes_[f"int4 g{GROUP}"]
                 t_lin = None
                 for kind, make in calls.items():
                     t = bench(make({}))
                     t_best, kw_best = (t, {})
-                    if args.sweep and kind != "F.linear":
+                    if args.sweep and kind not in ("F.linear", "torch int4"):
                         t_best, kw_best = min([(t, {}), best_config(make, SWEEP, bench)], key=lambda r: r[0])
                     t_lin = t if kind == "F.linear" else t_lin
                     rows.append(
@@ -128,7 +142,7 @@ def _format_row(r: dict, sweep: bool) -> str:
         f"{r['n']:>5}x{r['k']:<6} {r['batch']:>3} {r['dtype']:>5} {r['kind']:>10} {r['seconds'] * 1e6:>9.1f} "
         f"{r['weight_gbps']:>8.0f} {r['speedup']:>7.2f}x {r['rel_err']:>8.1e}"
     )
-    if sweep and r["kind"] != "F.linear":
+    if sweep and r["kind"] not in ("F.linear", "torch int4"):
         s += f"  best {r['best_seconds'] * 1e6:.1f} µs ({r['best_speedup']:.2f}x) with {r['best_config']}"
     return s
 
@@ -145,7 +159,7 @@ def main(argv=None) -> int:
     print(HEADER)
     rows = run(args)
     if args.out:
-        write_rows(args.out, rows, device_meta(group_size=GROUP))
+        write_rows(args.out, rows, device_meta(group_size=GROUP), unavailable=getattr(run, "unavailable", {}))
     return 0
 
 

@@ -55,6 +55,31 @@ def best_config(
     return best
 
 
+def tinygemm_int4(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int):
+    """torch's own int4 weight-only path on CUDA (tinygemm, the kernel gpt-fast and torchao call) for the
+    course's int4 storage, or ``(None, reason)`` where this torch/GPU lacks it.
+
+    The formats agree on the arithmetic, W = (u − 8)·scale + zero with a float zero, and differ in layout:
+    the course keeps k = 2j in a byte's low nibble, tinygemm's converter takes it in the high nibble, and
+    its scales and zeros are one (K/g, N, 2) bf16 tensor. Returns ``(fn, "")`` with ``fn(x)`` = x · Wᵀ for
+    bf16 x (M, K), or ``(None, reason)``."""
+    from course_lib.kernels.quant_matmul.int4 import unpack_int4
+
+    try:
+        u = unpack_int4(packed).to(torch.int32)  # (N, K), k = 2j from the low nibble
+        tiny = ((u[:, 0::2] << 4) | u[:, 1::2]).to(torch.uint8)  # tinygemm: k = 2j in the high nibble
+        w4 = torch.ops.aten._convert_weight_to_int4pack(tiny.contiguous(), 8)  # inner K tiles = 8: K % 128 == 0
+        sz = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)  # (K/g, N, 2)
+
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.aten._weight_int4pack_mm(x, w4, group_size, sz)
+
+        fn(torch.zeros(1, packed.shape[1] * 2, device=packed.device, dtype=torch.bfloat16))  # fails here if unsupported
+        return fn, ""
+    except Exception as e:  # an op this torch build or GPU does not have, or a shape it refuses
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+
+
 def device_meta(**extra) -> dict:
     """The GPU's name and torch's version (and ``extra``), for the JSON a benchmark writes."""
     return dict(device=torch.cuda.get_device_name(), torch=torch.__version__, **extra)
