@@ -377,7 +377,8 @@ compare_prediction("memory bandwidth (GB/s)", my_bandwidth_gbs, measured=peaks.b
 # Solid: this machine, measured, one roof per dtype it measured (fp32, and bf16 where it has a bf16
 # matmul). Dashed: datasheet roofs. Markers: the operations we just timed, at their counted intensity and
 # measured FLOP/s; the hollow marker beside each is the ceiling its own dtype's measured roof allows at
-# that intensity (the bf16 matmul on the bf16 roof, the rest on the first roof).
+# that intensity (the bf16 matmul on the bf16 roof, the rest on the first roof). On a CPU, dotted lines
+# are the ceilings predicted from the instruction set (fp32, and bf16 where it is native).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -397,13 +398,18 @@ points = [
     roofline.Point.from_timing(triad, "STREAM triad"),
     *(roofline.Point.from_timing(t, f"matmul {dt}") for dt, t in mm.items()),
 ]
-plots.plot_roofline(
+_, ax = plots.plot_roofline(
     roofs,
     points,
     point_roofs=[None, *(measured_roofs[dt] for dt in mm)],
     title="Measured roofline (solid) vs datasheet roofs (dashed)",
     intensity_range=(0.05, 3000),
 )
+if device.kind == "cpu":  # the ISA's predicted ceilings (a GPU's are its datasheet roofs above)
+    for dt, color in (("fp32", "tab:blue"), ("bf16", "tab:orange")):
+        if ceiling(dt):
+            ax.axhline(ceiling(dt), ls=":", lw=1, color=color, label=f"{dt} ceiling predicted from the ISA")
+    ax.legend(fontsize=7, loc="upper left")
 plt.show()
 
 # %% [markdown]

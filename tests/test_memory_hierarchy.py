@@ -7,8 +7,7 @@ import pytest
 
 from course_lib.kernels import attention_io
 from course_lib.measure import energy, half_precision
-from course_lib.measure.hardware import DeviceInfo, bf16_flop_per_cycle, cpu_theoretical_flops, gpu_spec
-from course_lib.measure.hardware import memory_levels
+from course_lib.measure.hardware import DeviceInfo, bf16_flop_per_cycle, cpu_theoretical_flops, gpu_spec, memory_levels
 
 
 def _cpu(isa, family=25, vendor="AuthenticAMD"):

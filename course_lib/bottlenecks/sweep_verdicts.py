@@ -20,11 +20,13 @@ from course_lib.measure.claims import Verdict, claim
 KNEE_FACTOR = 2.0
 
 
-def level_off_verdict(gflops: Mapping[int, float], peak_gflops: float, k_ridge: float) -> Verdict:
+def level_off_verdict(
+    gflops: Mapping[int, float], peak_gflops: float, k_ridge: float, *, low_plateau_reason: str = ""
+) -> Verdict:
     """``gflops``: {k (FMA steps per element): measured GFLOP/s}; ``peak_gflops``: the compute roof;
     ``k_ridge``: the k whose intensity is the ridge (4 × ridge for fp32). The roofline reaches half the
     roof at k_ridge / 2; the claim holds when the sweep first reaches half the roof within
-    ``KNEE_FACTOR`` of that k."""
+    ``KNEE_FACTOR`` of that k. ``low_plateau_reason`` is added to the reason when it never does."""
     if not gflops or not peak_gflops > 0 or not k_ridge > 0:
         raise ValueError("gflops must be a non-empty {k: GFLOP/s}, and peak_gflops and k_ridge > 0")
     statement = "the FLOP/s level off at the compute roof near the ridge"
@@ -35,8 +37,9 @@ def level_off_verdict(gflops: Mapping[int, float], peak_gflops: float, k_ridge: 
             f"{statement} (first: they reach half the roof)",
             best,
             at_least=0.5,
-            why_not=f"the sweep levels off at {best:.0%} of the roof: something other than this roof "
-            "(op overhead, section 3b) sets the plateau, so where it flattens says nothing about the ridge",
+            why_not=f"the sweep levels off at {best:.0%} of the roof: something other than this roof sets the "
+            "plateau, so where it flattens says nothing about the ridge"
+            + (f"; {low_plateau_reason}" if low_plateau_reason else ""),
         )
     knee = reached[0] / (k_ridge / 2)
     return claim(
