@@ -7,7 +7,7 @@ the knee where the FLOP/s first reach half the roof, and fails, saying where the
 never do. ``batch_cost_verdict``: below the ridge batch the roofline predicts a decode step of batch b
 costs floor(b) ÷ floor(1) times batch 1's (≈ 1: the weights are read once for all rows); the claim
 "adding sequences costs little" holds when the measured ratio stays within ``tolerance`` of that
-prediction, not merely below b/2. Introduced in 01_bottlenecks.ipynb.
+prediction, not merely below b/2. Introduced in 01_bottlenecks_1_roofline_overhead.ipynb and 01_bottlenecks_2_prefill_decode.ipynb.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Exercises of 01_bottlenecks.ipynb: GEMV intensity, decode intensity, batch to the ridge, bound."""
+"""Exercises of 01_bottlenecks_1_roofline_overhead.ipynb and 01_bottlenecks_2_prefill_decode.ipynb: GEMV intensity, decode intensity, batch to the ridge, bound."""
 
 from __future__ import annotations
 
