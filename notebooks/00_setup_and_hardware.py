@@ -487,7 +487,8 @@ print(
 )
 
 # %% [markdown]
-# Each level is about ten times faster and a thousand times smaller than the one below it. A model's
+# Going up a level buys bandwidth (several to tens of times, where NVIDIA publishes it) and costs
+# capacity (hundreds to thousands of times: the ratios printed above). A model's
 # weights live in HBM (they do not fit anywhere faster), so decode at batch 1 runs at HBM's roof; what a
 # kernel can do is keep a **tile** of its working set in SRAM and registers and reuse it there, so that
 # fewer bytes cross the slow boundary. The host link is the level to avoid on every step (chapter 01's
@@ -712,6 +713,9 @@ ch00.check_stream_time_ms(answer, bandwidth=peaks.bandwidth, n_bytes=1e9)
 #   machine and for an H100.
 # * A program whose arithmetic intensity is below the ridge is **memory-bandwidth-bound** (Huyen, ch. 9: its
 #   time is set by how fast data moves); above it, **compute-bound** (its time is set by the FLOPs).
+# * Beneath the HBM roof sit L2, SRAM and registers: each faster and far smaller. FlashAttention saves HBM
+#   bytes in proportion to the tile its SRAM holds; an SRAM-only LPU trades capacity for bandwidth; TPUs
+#   sit in the GPUs' range (section 4b).
 # * We measure instead of trusting datasheets — with one timing helper that excludes warm-up, synchronises
 #   and reports the spread — and print the ceiling before the measurement, so the gap between them is
 #   visible and can be explained.

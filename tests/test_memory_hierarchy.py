@@ -172,3 +172,19 @@ def test_measure_energy_separates_idle_from_work(monkeypatch):
         energy.energy_counter("tpu")
     with pytest.raises(ValueError, match="idle_s"):
         energy.measure_energy(counter, work, idle_s=0)
+
+
+def test_plot_roofline_puts_each_hollow_marker_on_its_own_roof():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course_lib.measure import plots
+    from course_lib.measure.roofline import Point, Roof
+
+    fp32, bf16 = Roof("fp32", 100e9, 10e9, "measured"), Roof("bf16", 200e9, 10e9, "measured")
+    pt = Point("matmul bf16", 2e9, 1e6, 0.012)  # intensity 2000: on the flat part of both roofs
+    _, ax = plots.plot_roofline([fp32, bf16], [pt], point_roofs=[bf16])
+    hollow = [ln for ln in ax.lines if ln.get_markerfacecolor() == "none"]
+    assert hollow and hollow[0].get_ydata()[0] == pytest.approx(200e9)
+    with pytest.raises(ValueError, match="point_roofs"):
+        plots.plot_roofline([fp32], [pt], point_roofs=[])

@@ -43,3 +43,10 @@ def test_batch_cost_holds_at_the_roofline_prediction_and_fails_at_the_old_loose_
     assert not batch_cost_verdict(8, 3.9, 1.02)
     with pytest.raises(ValueError):
         batch_cost_verdict(8, 1.0, 0.0)
+
+
+def test_the_low_plateau_reason_is_printed(capsys):
+    flat = {k: 5.0 for k in KS}
+    assert not level_off_verdict(flat, 160.0, 22, low_plateau_reason="separate passes")
+    out = capsys.readouterr().out
+    assert "3% of the roof" in out and "separate passes" in out
