@@ -60,7 +60,33 @@ if "google.colab" in sys.modules:
 # * to measure memory bandwidth (STREAM copy and triad) and matmul FLOP/s yourself, correctly:
 #   warm-up excluded, device synchronised, median and spread reported;
 # * what the ridge point (hardware arithmetic intensity = max FLOP/s ÷ max bytes/s) means, and how to
-#   compute it for this machine and for an H100.
+#   compute it for this machine and for an H100;
+# * what lies beneath the roof (registers, SRAM, L2, HBM, host memory), why FlashAttention is an SRAM
+#   argument, how TPUs and an SRAM-only LPU trade capacity for bandwidth, and how to read energy per token.
+
+# %% [markdown]
+# ### A map of the course: Huyen's three levels
+#
+# Huyen (*AI Engineering*, ch. 9) sorts inference optimization into three levels: **model-level** (make
+# the model itself cheaper to run: fewer bytes, fewer steps, cheaper attention), **hardware-level** (the
+# chip, its memory and the kernels that use them) and **service-level** (how requests share the
+# hardware: batching, caching, scheduling, parallelism). The course meets them in this order:
+#
+# | Chapter | Level | What it optimizes or measures |
+# |---|---|---|
+# | 00 Setup and hardware | hardware | the two ceilings, measured; the memory hierarchy; energy |
+# | 01 Bottlenecks | hardware | which ceiling an operation hits: compute, bandwidth or overhead |
+# | 02 Metrics (two parts) | service | TTFT, TPOT, throughput, goodput, MFU and MBU: what a service is judged by |
+# | 03 Compression | model | quantization, pruning, distillation: fewer bytes per weight, fewer weights |
+# | 04 Decoding | model | speculative and parallel decoding: fewer sequential steps per token |
+# | 05 Attention and KV cache | model | GQA/MQA, the KV cache, FlashAttention (a kernel tiled for the chip's SRAM) |
+# | 06 Batching and serving | service | continuous batching, paged KV, prefix caching, chunked prefill |
+# | 07 Parallelism | service (and hardware: the links) | tensor, pipeline and sequence parallelism across chips |
+# | 08 The system around the model | service | context, guardrails, gateways, agents, observability |
+#
+# The course cannot redesign a chip, so its hardware-level chapters measure the chip and choose among
+# chips (section 4b). A technique is usually bought at one level and paid for at another: int4 weights (model) need a kernel
+# that dequantizes in registers (hardware) and change how many sequences fit a batch (service).
 
 # %% [markdown]
 # ## 1 · The environment
@@ -77,8 +103,8 @@ import transformers
 
 import course_lib  # sets TRITON_INTERPRET=1 when there is no CUDA GPU
 from course_lib.kernels import HAS_TRITON, interpreter_on
-from course_lib.measure import bench, costs, hardware, microbench, plots, roofline
-from course_lib.measure.claims import claim, compare_prediction
+from course_lib.measure import bench, costs, energy, half_precision, hardware, microbench, plots, roofline
+from course_lib.measure.claims import compare_prediction
 from course_lib.measure.report import record
 
 torch.manual_seed(0)
@@ -201,14 +227,20 @@ print(f"datasheet entry for this device: {spec.name if spec else None}")
 # found: the maximum (turbo) clock where the OS exposes it, else the current one. Turbo on all cores is
 # often lower than the single-core maximum, and other jobs take cycles, so a measured matmul usually
 # lands below this estimate. On a GPU the datasheet plays this role.
+#
+# **And bf16?** A large matmul is compute-bound: it reads each byte from cache many times, so halving the
+# bytes per value does not make it faster. More FLOPs per instruction do. `VDPBF16PS` (the `avx512_bf16`
+# flag) multiplies *two* pairs of bf16 values in each 32-bit lane and adds both products to an fp32
+# accumulator: 4 FLOPs per lane where an fp32 FMA does 2, so the bf16 ceiling is twice the fp32 one on the
+# same pipes; AMX (`amx_bf16`) adds a tile unit doing 1,024 bf16 FLOPs per cycle per core. A CPU without
+# either has no bf16 ceiling: torch converts each value and runs a slower fallback. On a GPU the
+# datasheet's bf16 column (tensor cores) against its fp32 column gives the same prediction.
 
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-def ceiling(dt):  # predicted compute ceiling: ISA estimate (fp32 on a CPU) or the datasheet (GPU)
-    if device.kind == "cpu":
-        return hardware.cpu_theoretical_flops() if dt == "fp32" else None
-    return spec.peak_flops(dt, missing="none") if spec else None  # None: the chip lacks this dtype (bf16 on a T4)
+def ceiling(dt):  # predicted compute ceiling: ISA estimate on a CPU (fp32; bf16 where native), datasheet on a GPU
+    return half_precision.ceiling(device, spec, dt)  # None: no prediction (bf16 on a T4 or an emulating CPU)
 
 
 MAIN = hardware.preferred_dtype(device)  # fp32 on a CPU; bf16 on a GPU that has it, else fp16 (T4)
@@ -226,6 +258,14 @@ if theory_flops:
     )
 else:
     print("no theoretical peak for this device: measurement only")
+if device.kind == "cpu":
+    per_cycle, why = hardware.bf16_flop_per_cycle(device)
+    bf16_line = f"{ceiling('bf16') / 1e9:,.0f} GFLOP/s = {per_cycle} FLOP/cycle" if per_cycle else "none"
+    print(f"bf16 ceiling:     {bf16_line} ({why})")
+elif ceiling("bf16") and ceiling("fp32"):
+    print(
+        f"bf16 ceiling: {ceiling('bf16') / 1e12:,.0f} TFLOP/s = {ceiling('bf16') / ceiling('fp32'):.1f}x fp32 (datasheet)"
+    )
 
 # %% [markdown]
 # **Predict the bytes.** Bandwidth has no such formula for a CPU (it depends on the memory channels
@@ -334,17 +374,21 @@ compare_prediction("memory bandwidth (GB/s)", my_bandwidth_gbs, measured=peaks.b
 # %% [markdown]
 # ## 4 · The roofline of this machine, next to real GPUs
 #
-# Solid: this machine, measured. Dashed: datasheet roofs. Markers: the operations we just timed, at their
-# counted intensity and measured FLOP/s; the hollow marker above each is the ceiling the measured roof
-# allows at that intensity.
+# Solid: this machine, measured, one roof per dtype it measured (fp32, and bf16 where it has a bf16
+# matmul). Dashed: datasheet roofs. Markers: the operations we just timed, at their counted intensity and
+# measured FLOP/s; the hollow marker beside each is the ceiling its own dtype's measured roof allows at
+# that intensity (the bf16 matmul on the bf16 roof, the rest on the first roof). On a CPU, dotted lines
+# are the ceilings predicted from the instruction set (fp32, and bf16 where it is native).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 triad = microbench.measure_bandwidth("triad")
-small = 256 if device.kind == "cpu" else peaks.matmul_n  # bf16 is emulated (slow) on most CPUs
+small = 256 if device.kind == "cpu" and not ceiling("bf16") else peaks.matmul_n  # emulated bf16 is slow
 mm = {dt: microbench.measure_matmul(dt, n=peaks.matmul_n if dt == MAIN else small) for dt in peaks.matmul_tflops}
+measured_roofs = {dt: roofline.Roof.from_measured(peaks, dt, f"this machine {dt} (measured)") for dt in mm}
 roofs = [
-    roofline.Roof.from_measured(peaks, MAIN, f"this machine {MAIN} (measured)"),
+    measured_roofs[MAIN],
+    *(r for dt, r in measured_roofs.items() if dt != MAIN),
     roofline.Roof.from_spec("H100 SXM"),
     roofline.Roof.from_spec("A100 80GB SXM"),
     roofline.Roof.from_spec("L4"),
@@ -354,9 +398,18 @@ points = [
     roofline.Point.from_timing(triad, "STREAM triad"),
     *(roofline.Point.from_timing(t, f"matmul {dt}") for dt, t in mm.items()),
 ]
-plots.plot_roofline(
-    roofs, points, title="Measured roofline (solid) vs datasheet roofs (dashed)", intensity_range=(0.05, 3000)
+_, ax = plots.plot_roofline(
+    roofs,
+    points,
+    point_roofs=[None, *(measured_roofs[dt] for dt in mm)],
+    title="Measured roofline (solid) vs datasheet roofs (dashed)",
+    intensity_range=(0.05, 3000),
 )
+if device.kind == "cpu":  # the ISA's predicted ceilings (a GPU's are its datasheet roofs above)
+    for dt, color in (("fp32", "tab:blue"), ("bf16", "tab:orange")):
+        if ceiling(dt):
+            ax.axhline(ceiling(dt), ls=":", lw=1, color=color, label=f"{dt} ceiling predicted from the ISA")
+    ax.legend(fontsize=7, loc="upper left")
 plt.show()
 
 # %% [markdown]
@@ -370,27 +423,20 @@ if theory_flops:
     print(f"{MAIN} matmul reached {peaks.matmul_tflops[MAIN] * 1e12 / theory_flops:.0%} of the predicted ceiling")
 print(f"{half} matmul runs at {peaks.matmul_tflops[half] / fp32:.3g}x the speed of fp32 on this device")
 print(f"triad / copy bandwidth: {peaks.triad_gbs / peaks.copy_gbs:.2f}")
-native = device.kind == "cuda" or bool({"avx512_bf16", "amx_bf16"} & set(device.isa))
-half_faster = claim(
-    f"{half} matmuls run faster than fp32 here",
-    peaks.matmul_tflops[half] / fp32,
-    at_least=1.0,
-    why_not=(
-        "this CPU has native bf16 instructions, but the matmul library did not use them for this shape"
-        if native
-        else "no native bf16 instructions (avx512_bf16 / amx_bf16) on this CPU: torch converts every value "
-        "and runs an unvectorised fallback"
-    ),
-)
+predicted_ratio = ceiling(half) / ceiling("fp32") if ceiling(half) and ceiling("fp32") else None
+print(f"predicted {half} / fp32: {f'{predicted_ratio:.3g}x' if predicted_ratio else 'none (no native instructions)'}")
+half_faster = half_precision.half_precision_verdict(peaks.matmul_tflops[half] / fp32, predicted_ratio, half)
 
 # %% [markdown]
 # * *Compute.* The ISA estimate assumes every core issues two full-width FMAs every cycle at the clock
 #   printed above; a real matmul also loads, packs and stores, and on a shared machine other jobs take
 #   cycles. Where only the current clock was readable, a measurement a little *above* the estimate is
 #   possible too. Half precision depends on the hardware, so the verdict above is this machine's: on a
-#   CPU with native bf16 instructions (`avx512_bf16`, `amx_bf16` in the ISA list) bf16 halves the bytes
-#   and can beat fp32; without them torch converts each value and runs a fallback that can be many times
-#   *slower*. On a GPU, tensor cores make bf16/fp16 many times faster than fp32.
+#   CPU with native bf16 instructions (`avx512_bf16`, `amx_bf16` in the ISA list) bf16 does more FLOPs per
+#   instruction (twice fp32's with `VDPBF16PS`), which is what speeds a compute-bound matmul; without them
+#   torch converts each value and runs a fallback that can be many times *slower*. On a GPU, tensor cores
+#   make bf16/fp16 many times faster than fp32. Halving the bytes is what helps a *bandwidth*-bound
+#   operation: decode, in chapters 01 and 03.
 # * *Bandwidth.* On a CPU, triad tends to report somewhat more GB/s than copy: both hide an uncounted
 #   write-allocate read, a larger share of copy's traffic (1 extra per 2 counted) than of triad's (1 per 3).
 #   A ratio far from that on a shared machine is noise from other jobs — rerun the cell.
@@ -411,6 +457,141 @@ print(
     f"{roofline.bound(costs.triad_cost(1).intensity, peaks.peak_flops(MAIN), peaks.bandwidth)} here, "
     f"and on every GPU in the table"
 )
+
+# %% [markdown]
+# ## 4b · Beneath the roof: the memory hierarchy, other accelerators, energy
+#
+# *Claim.* A roofline draws one bandwidth roof, HBM's (DRAM's on a CPU). Between it and the arithmetic a
+# GPU has smaller, faster memories: **registers** and **SRAM** (L1 / shared memory) inside each streaming
+# multiprocessor (SM), and an **L2** cache shared by all SMs; behind HBM, the **host's DRAM** over PCIe.
+# The table below is `data/gpu_specs.json`'s `hierarchy` for three GPUs (NVIDIA's architecture
+# whitepapers and datasheets, URLs and dates printed under it). Where NVIDIA prints no bandwidth, it
+# says so; where the bandwidth is *derived* from NVIDIA's own figures (bytes per clock per SM × SMs ×
+# boost clock), the row's note in the file gives the arithmetic.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from course_lib.kernels import attention_io
+from course_lib.measure.hardware import memory_levels
+
+for gpu in ("H100 SXM", "A100 80GB SXM"):
+    print(memory_levels.format_hierarchy(gpu))
+    print(f"  source: {memory_levels.hierarchy_source(gpu)[:160]}…\n")
+h100_levels = {lv.level.split(":")[0]: lv for lv in memory_levels.hierarchy("H100 SXM")}
+sram, hbm = h100_levels["SRAM"], h100_levels["HBM3"]
+host = next(lv for lv in h100_levels.values() if lv.level.startswith("host"))
+print(
+    f"H100: SRAM moves {sram.bandwidth / hbm.bandwidth:.0f}x HBM's bytes/s but holds {hbm.bytes / sram.bytes:,.0f}x "
+    f"less ({sram.per_sm_bytes / 1e3:.0f} KB per SM); host memory arrives {hbm.bandwidth / host.bandwidth:.0f}x "
+    "slower than HBM"
+)
+
+# %% [markdown]
+# Going up a level buys bandwidth (several to tens of times, where NVIDIA publishes it) and costs
+# capacity (hundreds to thousands of times: the ratios printed above). A model's
+# weights live in HBM (they do not fit anywhere faster), so decode at batch 1 runs at HBM's roof; what a
+# kernel can do is keep a **tile** of its working set in SRAM and registers and reuse it there, so that
+# fewer bytes cross the slow boundary. The host link is the level to avoid on every step (chapter 01's
+# offloading table).
+#
+# ### Why FlashAttention works is an SRAM argument
+#
+# Standard attention writes the n × n score matrix S to HBM, reads it back for the softmax, writes the
+# probabilities P and reads them again for P·V. FlashAttention (Dao et al., 2022) keeps a block of B query
+# rows, their output, a block of B keys and values and the B × B score tile in SRAM, and streams K and V
+# past each query block. It never writes S or P; it re-reads K and V ⌈n/B⌉ times instead. B is set by the
+# SRAM: the largest with (4·B·d + B²) values ≤ SRAM, so the bytes fall as the SRAM grows (the paper's
+# Theorem 2: Θ(n²d²/M) for an SRAM of M). *Predict* for n = 4,096, d = 128 in bf16 on an H100 (228 KB of
+# shared memory per SM): how many times fewer bytes does the tiled version move below SRAM?
+
+# %%
+my_flash_saving_prediction = None  # standard bytes ÷ tiled bytes, e.g. 2 or 100
+
+# %%
+# NBVAL_CHECK_OUTPUT
+srams = {"a 16 KB SRAM (toy)": 16_000, "A100 (164 KB shared)": 164_000, "H100 (228 KB shared)": 228_000}
+print(f"{'SRAM':<22}{'d':>5}{'n':>8}{'block B':>9}{'standard MB':>13}{'tiled MB':>10}{'saving':>8}")
+for label, m in srams.items():
+    for d in (64, 128):
+        for n in (1024, 4096, 16384):
+            t = attention_io.attention_traffic(n, d, m)
+            print(
+                f"{label:<22}{d:>5}{n:>8,}{t.block:>9}{t.standard_bytes / 1e6:>13,.1f}"
+                f"{t.tiled_bytes / 1e6:>10,.1f}{t.saving:>7.1f}x"
+            )
+h100_case = attention_io.attention_traffic(4096, 128, 228_000)
+compare_prediction(
+    "FlashAttention's HBM saving, n=4096, d=128, H100", my_flash_saving_prediction, theory=h100_case.saving
+)
+
+# %% [markdown]
+# The saving is about 2·B/d once n is much larger than B: it grows with the SRAM (a toy 16 KB SRAM's
+# tiles are so small that re-reading K and V costs *more* than the score matrix), and with a smaller head
+# dimension. Two more things the table does not show. The score matrix also stops occupying n² of HBM
+# *capacity* per head, which chapter 05 measures. And the K and V re-reads of one head (2·n·d·2 bytes,
+# 2 MB at n = 4,096) fit in the H100's 50 MB L2, so most of them are served from L2 rather than HBM: the
+# next level of the hierarchy does part of the work. Chapter 05 times the tiled kernel against the
+# standard one.
+#
+# ### Other accelerators: TPUs, and an SRAM-only LPU
+#
+# Huyen (ch. 9) names accelerators besides GPUs. Google's **TPUs** put systolic matrix units beside HBM,
+# like a GPU. Groq's **LPU** has no HBM at all: its model lives in on-die SRAM. The rows below are
+# datasheet figures from `data/gpu_specs.json`'s `accelerators` (the vendor pages are named there;
+# `checked: false`, read from their summaries), with an H100 beside them:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from course_lib.models.accounting import ModelShape, weight_bytes
+
+llama7b = weight_bytes(ModelShape.from_name("llama-2-7b"), "bf16")
+print(f"{'chip':<16}{'bf16 TFLOP/s':>13}{'memory':>14}{'GB':>7}{'TB/s':>7}{'ridge':>7}  chips to hold Llama-2-7B bf16")
+h100 = hardware.gpu_spec("H100 SXM")
+print(
+    f"{h100.name:<16}{h100.tflops['bf16']:>13g}{'HBM3':>14}{h100.memory_gb:>7g}{h100.hbm_tbps:>7g}"
+    f"{h100.ridge('bf16'):>7.0f}  {-int(-llama7b // (h100.memory_gb * 1e9))}"
+)
+for acc in memory_levels.accelerators():
+    print(
+        f"{acc.name:<16}{acc.bf16_tflops:>13g}{acc.memory:>14}{acc.memory_gb:>7g}{acc.tbps:>7g}"
+        f"{acc.ridge:>7.1f}  {acc.chips_to_hold(llama7b)}"
+    )
+print(f"(Llama-2-7B's weights: {llama7b / 1e9:.1f} GB in bf16; the ridge is FLOP per byte of the chip's own memory)")
+
+# %% [markdown]
+# The TPUs' ridges sit in the GPUs' range: decode at batch 1 is bandwidth-bound there too. The LPU moves
+# its model at SRAM speed, so its ridge is a few FLOP per byte and batch-1 decode (about one FLOP per bf16
+# byte) is close to compute-bound. The price is capacity: a few hundred MB per chip, so one 7B model
+# needs dozens of chips, and the chips' links become the system's bottleneck (chapter 07's subject).
+#
+# ### Energy per token
+#
+# What a token costs is also joules. An NVIDIA GPU keeps a board energy counter (NVML); a Linux CPU on bare
+# metal exposes RAPL package counters under `/sys/class/powercap`, usually readable only by root, and
+# hidden in most VMs and containers. Where a counter is readable, the cell below measures a short greedy
+# decode (SmolLM2 on a GPU, the tiny course model on a CPU) beside the idle draw over as long a pause; the
+# meter sees the whole board or socket, so the energy above idle is what decoding added. Where none is
+# readable, it says why and measures nothing.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+counter, no_counter = energy.energy_counter("cuda" if torch.cuda.is_available() else "cpu")
+if counter is None:
+    print(f"no energy counter readable on this machine: {no_counter}")
+    print("(on an NVIDIA GPU NVML reads the board; on a bare-metal Linux CPU RAPL does, as root)")
+else:
+    from course_lib.bottlenecks.energy_per_token import decode_energy
+    from course_lib.engine import Engine
+    from course_lib.engine.scheduler import SchedulerConfig
+
+    on_gpu = torch.cuda.is_available()
+    energy_engine = Engine(
+        "smollm2-135m-instruct" if on_gpu else "tiny-target",
+        device="cuda" if on_gpu else "cpu",
+        config=SchedulerConfig(max_model_len=256, max_num_seqs=1),
+    )
+    print(decode_energy(energy_engine, counter, new_tokens=course_lib.pick(32, 128)))
+    del energy_engine
 
 # %% [markdown]
 # ### Record the headline figures (they go into `build/REPORT.md`)
@@ -491,7 +672,8 @@ ch00.check_weight_read_ms(answer, model="llama-2-7b", gpu="H200 SXM")
 # purpose. Change the experiment: run the triad over arrays of 1 MiB each, which stay in the cache
 # (`microbench.measure_bandwidth("triad", n_bytes=2**20)`), and give its best rate as a multiple of the
 # DRAM triad (`peaks.triad_gbs`). The check measures the small triad again, divides by the same cached
-# DRAM figure and accepts your number within 35%.
+# DRAM figure and accepts your number within a factor of 2 (an in-cache rate varies about that much
+# between runs on a shared machine).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -531,6 +713,9 @@ ch00.check_stream_time_ms(answer, bandwidth=peaks.bandwidth, n_bytes=1e9)
 #   machine and for an H100.
 # * A program whose arithmetic intensity is below the ridge is **memory-bandwidth-bound** (Huyen, ch. 9: its
 #   time is set by how fast data moves); above it, **compute-bound** (its time is set by the FLOPs).
+# * Beneath the HBM roof sit L2, SRAM and registers: each faster and far smaller. FlashAttention saves HBM
+#   bytes in proportion to the tile its SRAM holds; an SRAM-only LPU trades capacity for bandwidth; TPUs
+#   sit in the GPUs' range (section 4b).
 # * We measure instead of trusting datasheets — with one timing helper that excludes warm-up, synchronises
 #   and reports the spread — and print the ceiling before the measurement, so the gap between them is
 #   visible and can be explained.

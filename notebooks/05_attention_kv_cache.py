@@ -482,6 +482,7 @@ print("train loss per step:", " ".join(f"{x:.2f}" for x in mini["train_loss"]))
 #
 # Naive attention computes the (T × T) score matrix S = QKᵀ/√d, writes it to memory, reads it back for the
 # softmax, writes the probabilities, reads them back to multiply by V. Memory and traffic grow with T².
+# Tiling pays off by an SRAM argument (chapter 00, section 4b: the bytes saved grow with the SRAM per SM).
 # FlashAttention (Dao et al., 2022) never writes S: it walks over key blocks keeping, for each query row, a
 # running max m, a running sum l and a running output, and rescales them when the max grows. The **online
 # softmax**, step by step for one row of 12 scores in blocks of 4:

@@ -3,7 +3,7 @@
 ``fits_in_memory`` counts a model's weights plus ``batch`` sequences of KV cache against a datasheet's
 memory size (in binary units, times the share an engine may fill) and says what overflows and how
 many sequences would fit. Nothing is measured: sizes come from the model's shape
-(``models.accounting``) and the datasheet. Introduced in 01_bottlenecks.ipynb.
+(``models.accounting``) and the datasheet. Introduced in 01_bottlenecks_2_prefill_decode.ipynb.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The floor is max(bytes ÷ bandwidth, FLOPs ÷ peak) of each batch (``time_floors
 the step is bandwidth-bound, rising ∝ batch once it is compute-bound, the corner at the ridge batch. The
 measured curve is drawn on top with its fitted bend (``decode_roofline.bend_batch``) and, where the
 engine switches matmul kernels, that switch, so a reader sees which change of slope is the roofline's and
-which the library's. Introduced in 01_bottlenecks.ipynb.
+which the library's. Introduced in 01_bottlenecks_2_prefill_decode.ipynb.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ of the ridge it is bandwidth-bound (TPOT ≈ bytes ÷ bandwidth, flat in b), rig
 cache is overhead-bound instead (its floor is ops × per-op cost, ``floors``). ``time_decode_steps`` times
 the engine's own ``step()`` over a static batch (the TPOT a user sees), ``DecodeStep`` turns one
 measurement into MBU and a roofline ``Point``, and ``bend_batch`` finds where the measured TPOT curve
-bends, to set beside the ridge batch the machine's peaks predict. Introduced in 01_bottlenecks.ipynb.
+bends, to set beside the ridge batch the machine's peaks predict. Introduced in 01_bottlenecks_2_prefill_decode.ipynb.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ decode step and prefill on that GPU's datasheet roof, with whether weights and K
 ``draw_phases`` computes the picture and the text (``llm_phases`` underneath; tested without widgets);
 ``phase_explorer`` only wires ipywidgets controls to it. The figure is drawn on a ``Figure`` of its
 own, never through pyplot: JupyterLab runs widget callbacks on a kernel subshell thread, and pyplot's
-global "current figure" shared between threads drew blank plots. Introduced in 01_bottlenecks.ipynb.
+global "current figure" shared between threads drew blank plots. Introduced in 01_bottlenecks_2_prefill_decode.ipynb.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A decode step adds one token per sequence: every weight is read for ~2 FLOPs per
 batch it sits far left of the ridge (bandwidth-bound) and batching moves it right. A prefill pushes
 the whole prompt through each weight at once (compute-bound). ``llm_phases`` places both on a
 datasheet roof with their FLOPs, bytes, time floor and whether they fit in memory; ``batch_to_reach``
-finds the batch at which decode meets the ridge. Introduced in 01_bottlenecks.ipynb.
+finds the batch at which decode meets the ridge. Introduced in 01_bottlenecks_2_prefill_decode.ipynb.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ reused by every token, compute-bound); a decode step pushes one token per sequen
 batch 1: each weight byte is used for 2 FLOPs per sequence, bandwidth-bound). Batching decode
 raises its intensity toward the ridge. The predicted FLOPs and bytes come from
 ``course_lib.models.accounting``; only the seconds come from the clock.
-Introduced in 01_bottlenecks.ipynb.
+Introduced in 01_bottlenecks_2_prefill_decode.ipynb.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ weights to the host (to fit a bigger model) pays it on every decode step, puttin
 critical path (NVIDIA, "Mastering LLM Techniques: Inference Optimization"; Xiao & Zhu). Here we
 predict the time to move a model's weights over each link from the spec rates, measure real
 host↔device copies (pinned vs pageable memory) where there is a CUDA GPU, and, on a CPU-only
-machine, measure the nearest thing: a copy within DRAM. Introduced in 01_bottlenecks.ipynb.
+machine, measure the nearest thing: a copy within DRAM. Introduced in 01_bottlenecks_2_prefill_decode.ipynb.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Exercises of 01_bottlenecks.ipynb: GEMV intensity, decode intensity, batch to the ridge, bound."""
+"""Exercises of 01_bottlenecks_1_roofline_overhead.ipynb and 01_bottlenecks_2_prefill_decode.ipynb: GEMV intensity, decode intensity, batch to the ridge, bound."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from course_lib.models.accounting import ModelShape, decode_intensity
 
 
 def check_gemv_intensity(answer, n: int = 4096, dtype: str = "fp16") -> Verdict:
-    """Exercise 1: arithmetic intensity of an n×n matrix times a vector in ``dtype``."""
+    """Part 1, exercise 1: arithmetic intensity of an n×n matrix times a vector in ``dtype``."""
     return check(
         f"intensity of a {n}x{n} {dtype} GEMV",
         answer,
@@ -24,7 +24,7 @@ def check_gemv_intensity(answer, n: int = 4096, dtype: str = "fp16") -> Verdict:
 def check_decode_intensity(
     answer, model: str = "llama-2-7b", batch: int = 8, context_len: int = 512, dtype: str = "bf16"
 ) -> Verdict:
-    """Exercise 2: intensity of one decode step of ``model`` at ``batch``, with the KV cache."""
+    """Part 2, exercise 1: intensity of one decode step of ``model`` at ``batch``, with the KV cache."""
     expected = decode_intensity(ModelShape.from_name(model), context_len, batch, dtype)
     return check(
         f"decode intensity of {model} at batch {batch}, context {context_len}",
@@ -40,7 +40,7 @@ def check_decode_intensity(
 def check_batch_to_ridge(
     answer, model: str = "llama-2-7b", gpu: str = "H100 SXM", dtype: str = "bf16", context_len: int = 1
 ) -> Verdict:
-    """Exercise 3: the smallest decode batch that reaches ``gpu``'s ridge point."""
+    """Part 2, exercise 2: the smallest decode batch that reaches ``gpu``'s ridge point."""
     expected = batch_to_reach(gpu_spec(gpu).ridge(dtype), model, context_len=context_len, dtype=dtype)
     return check(
         f"smallest batch where {model} decode reaches the {gpu} ridge",
@@ -59,7 +59,7 @@ def check_bound(
     batch: int = 1,
     tokens: int = 512,
 ) -> Verdict:
-    """Exercise 4: 'memory-bound' or 'compute-bound' for ``phase`` on ``gpu``."""
+    """Part 2, exercise 3: 'memory-bound' or 'compute-bound' for ``phase`` on ``gpu``."""
     report = llm_phases(gpu, model, batch=batch, prompt_len=tokens, context_len=tokens)
     expected = (report.prefill if phase == "prefill" else report.decode).bound
     return check(
@@ -71,7 +71,7 @@ def check_bound(
 
 
 def check_remeasured_decode_ms(answer_ms, model, shape, batch: int = 8, context_len: int = 512, dtype: str = "fp32"):
-    """Exercise 5 (re-measure): the median time (ms) of one decode step of section 4's model at
+    """Part 2, exercise 4 (re-measure): the median time (ms) of one decode step of section 4's model at
     ``batch`` with a ``context_len``-token KV cache, measured by the learner; the check measures again."""
     from course_lib.bottlenecks.phases import time_decode
     from course_lib.exercises import check_measurement
@@ -86,7 +86,7 @@ def check_remeasured_decode_ms(answer_ms, model, shape, batch: int = 8, context_
 
 
 def check_ridge_batch_here(answer, shape: ModelShape, ridge: float, context_len: int = 16, dtype: str = "fp32"):
-    """Exercise 6 (your peaks): the smallest batch at which ``shape``'s decode reaches this
+    """Part 2, exercise 5 (your peaks): the smallest batch at which ``shape``'s decode reaches this
     machine's measured ``ridge`` (FLOP/byte)."""
     if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or ridge <= 0:
         raise ValueError(f"ridge must be a positive number of FLOP/byte, got {ridge!r}")

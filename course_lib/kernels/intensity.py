@@ -6,7 +6,7 @@ bandwidth-bound, large k compute-bound; sweeping k walks a point along the roofl
 ridge. Parts, in order: torch reference, Triton kernel, checked launcher, torch fallback (the path
 timed on a CPU: chunks small enough to stay in cache, so DRAM traffic is one read and one write
 like the fused kernel), sweep helper. Tests: tests/test_intensity_kernel.py.
-Introduced in 01_bottlenecks.ipynb.
+Introduced in 01_bottlenecks_1_roofline_overhead.ipynb.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Which path runs (``resolve_path``: Triton on a CUDA GPU, Triton through the CPU 
 fallback), and the small checks the launchers share: a tensor is a tensor, is contiguous, a tile size is
 a power of two in range, which ``tl.dot`` precision a dtype asks for. Plain Python that runs before any
 kernel: neither bandwidth- nor compute-bound. Used by ``flash_attention``, ``paged_decode``,
-``quant_matmul`` and ``intensity``. Introduced in 01_bottlenecks.ipynb.
+``quant_matmul`` and ``intensity``. Introduced in 01_bottlenecks_1_roofline_overhead.ipynb.
 """
 
 from __future__ import annotations

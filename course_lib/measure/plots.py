@@ -50,14 +50,19 @@ def plot_roofline(
     title: str = "",
     intensity_range: tuple[float, float] | None = None,
     predicted: bool = True,
+    point_roofs=None,
 ):
     """Draw each roof (measured: solid, datasheet: dashed) with its ridge point, and each point
     at (intensity, achieved FLOP/s). With ``predicted`` a point also gets a hollow marker at the
-    roof's attainable value for its intensity on the first roof (the ceiling theory allows)."""
+    roof's attainable value for its intensity (the ceiling theory allows): on ``point_roofs[i]`` where
+    given (one Roof per point, e.g. a bf16 point on the bf16 roof), else on the first roof."""
     roofs = list(roofs)
     points = list(points)
     if not roofs:
         raise ValueError("roofs must hold at least one Roof")
+    point_roofs = list(point_roofs) if point_roofs is not None else [None] * len(points)
+    if len(point_roofs) != len(points):
+        raise ValueError(f"point_roofs must hold one Roof (or None) per point: {len(point_roofs)} for {len(points)}")
     fig, ax = new_axes(ax)
     lo, hi = _range(roofs, points, intensity_range)
     x = np.logspace(np.log10(lo), np.log10(hi), 200)
@@ -81,7 +86,7 @@ def plot_roofline(
         else:
             color = None
         if predicted or point.achieved is None:
-            ceiling = roofs[0].attainable(point.intensity)
+            ceiling = (point_roofs[i] or roofs[0]).attainable(point.intensity)
             ax.plot(
                 [point.intensity],
                 [ceiling],

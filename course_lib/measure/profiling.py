@@ -5,7 +5,7 @@ as ours, sits on a floor the roofline does not see: every one of the few hundred
 pays a fixed dispatch cost (``count_ops``, ``per_op_overhead_s``). ``time_matmuls`` times the step's
 matmuls alone (with ``course_lib.measure.bench.benchmark``), and ``cpu_busy`` / ``gpu_utilization_reader`` /
 ``sample_while`` show what "utilization" measures — and what it does not. Introduced in 02_metrics_1_latency.ipynb
-(``op_size_sweep``: 01_bottlenecks.ipynb).
+(``op_size_sweep``: 01_bottlenecks_1_roofline_overhead.ipynb).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def op_size_sweep(sizes, *, device: str | torch.device = "cpu", dtype: str = "fp
     ``[bench.Timing]`` with 3·n·bytes counted. Small ops sit on a flat floor (dispatch:
     *overhead-bound*), large ones on a slope (bytes / bandwidth): the third regime, beside compute- and
     bandwidth-bound (Horace He, *Making Deep Learning Go Brrrr From First Principles*). Introduced in
-    01_bottlenecks.ipynb."""
+    01_bottlenecks_1_roofline_overhead.ipynb."""
     from course_lib.core.dtypes import canonical, dtype_bytes, torch_dtype
     from course_lib.measure.bench import benchmark
 

@@ -5,7 +5,7 @@ weight matrix once per step (bandwidth-bound), prefill does ~2·params FLOPs per
 Two byte counts differ on purpose: ``weight_bytes`` is what the weights occupy (memory capacity),
 ``weights_read_per_step`` what one forward pass streams (only the looked-up rows of the embedding table).
 Works for any Llama-family ``transformers`` config and for named presets without weights.
-Introduced in 01_bottlenecks.ipynb.
+Introduced in 01_bottlenecks_1_roofline_overhead.ipynb.
 """
 
 from __future__ import annotations

@@ -3,12 +3,13 @@
 ``device`` detects the GPU (name, memory, compute capability) or the CPU (``cpu_probe``: model,
 physical cores, clock, vector ISA, last-level cache); ``cores`` turns a CPU into a FLOP ceiling and a
 thread count to time with; ``datasheet`` is the table ``data/gpu_specs.json`` with lookup by name or
-alias; ``peaks_cache`` keeps the peaks measured on this machine (by ``course_lib.measure.microbench``,
+alias (``memory_levels``: the memory hierarchy of three of its GPUs, and TPU / LPU rows); ``peaks_cache`` keeps the peaks measured on this machine (by ``course_lib.measure.microbench``,
 which times them with ``bench``) for the session and across chapters. The ratio of the two peaks is
 the ridge point, Xiao & Zhu's "hardware arithmetic intensity". Introduced in 00_setup_and_hardware.ipynb.
 """
 
 from course_lib.measure.hardware.cores import (
+    bf16_flop_per_cycle,
     cpu_theoretical_flops,
     flop_per_cycle,
     idle_cores,
@@ -32,6 +33,7 @@ __all__ = [
     "ISA_FLAGS",
     "MeasuredPeaks",
     "SPEC_DTYPES",
+    "bf16_flop_per_cycle",
     "cached_peaks",
     "cpu_theoretical_flops",
     "detect_device",

@@ -17,19 +17,46 @@ from course_lib.measure.hardware.cpu_probe import physical_cores
 from course_lib.measure.hardware.device import DeviceInfo, detect_device
 
 
-def cpu_theoretical_flops(info: DeviceInfo | None = None, threads: int | None = None) -> float | None:
-    """fp32 FLOP/s a CPU could do if each core in use issued full-width FMAs every cycle:
+def cpu_theoretical_flops(
+    info: DeviceInfo | None = None, threads: int | None = None, dtype: str = "fp32"
+) -> float | None:
+    """FLOP/s (fp32 by default; ``dtype="bf16"``: see ``bf16_flop_per_cycle``) a CPU could do if each core in use issued full-width FMAs every cycle:
     cores · Hz · FLOP/cycle (``vector_units``: 32 for AVX2+FMA and for AMD Zen 4's double-pumped AVX-512,
     64 for AVX-512 on two 512-bit FMA units). Cores are *physical* cores (two hyperthreads share one core's
     FMA units); the clock is the max clock where the OS exposes it, else the base, else the current one
     (``info.freq_source`` says which). ``threads`` (default: torch's current thread count, at most the
-    physical cores) is how many cores work. None for a GPU or an unknown clock. Turbo can push a real
-    run above a base-clock figure; memory stalls, throttling and other jobs keep it below."""
+    physical cores) is how many cores work. None for a GPU or an unknown clock, and for bf16 on a CPU
+    without native bf16 instructions. Turbo can push a real run above a base-clock figure; memory stalls,
+    throttling and other jobs keep it below."""
+    if dtype not in ("fp32", "bf16"):
+        raise ValueError(f"dtype must be 'fp32' or 'bf16' for a CPU ceiling, got {dtype!r}")
     info = info or detect_device("cpu")
     if info.kind != "cpu" or not info.mhz or not info.core_count:
         return None
+    per_cycle = flop_per_cycle(info) if dtype == "fp32" else bf16_flop_per_cycle(info)[0]
+    if per_cycle is None:
+        return None
     cores = min(info.core_count, threads or torch.get_num_threads())
-    return cores * info.mhz * 1e6 * flop_per_cycle(info)
+    return cores * info.mhz * 1e6 * per_cycle
+
+
+def bf16_flop_per_cycle(info: DeviceInfo) -> tuple[int | None, str]:
+    """(bf16 FLOP per cycle per core, why); None where the CPU has no native bf16 arithmetic.
+
+    bf16 speeds a compute-bound matmul up by doing more FLOPs per instruction, not by halving bytes (a
+    large matmul barely touches memory). ``VDPBF16PS`` (AVX512_BF16) multiplies *pairs* of bf16 values in
+    each 32-bit lane and adds both products to an fp32 accumulator: 4 FLOPs per lane where an fp32 FMA
+    does 2, so twice the fp32 figure of ``vector_units`` on the same pipes (Intel, *Intel 64 and IA-32
+    Architectures Software Developer's Manual*, VDPBF16PS; Zen 4 double-pumps it like every 512-bit
+    instruction). AMX (``amx_bf16``: Sapphire Rapids and later) adds a tile unit whose ``TDPBF16PS`` does
+    1,024 bf16 FLOPs per cycle per core (Intel, *Optimization Reference Manual*, the AMX chapter)."""
+    isa = set(info.isa)
+    if "amx_bf16" in isa:
+        return 1024, "AMX TDPBF16PS: 1,024 bf16 FLOP/cycle per core on the tile unit"
+    if "avx512_bf16" in isa:
+        fp32 = flop_per_cycle(info)
+        return 2 * fp32, f"VDPBF16PS: 2 bf16 products per 32-bit lane, 2 x the fp32 {fp32} FLOP/cycle"
+    return None, "no avx512_bf16 / amx_bf16: torch converts bf16 to fp32 and back, no bf16 ceiling"
 
 
 def flop_per_cycle(info: DeviceInfo) -> int:
