@@ -106,6 +106,7 @@ from course_lib.kernels import HAS_TRITON, interpreter_on
 from course_lib.measure import bench, costs, energy, half_precision, hardware, microbench, plots, roofline
 from course_lib.measure.claims import compare_prediction
 from course_lib.measure.report import record
+from course_lib.core.dtypes import torch_dtype
 
 torch.manual_seed(0)
 if not torch.cuda.is_available():  # on a shared machine, time with the cores that are actually free
@@ -329,7 +330,7 @@ print(f"median inflated {no_warmup.median_s / with_warmup.median_s:.1f}x by coun
 # %%
 # NBVAL_IGNORE_OUTPUT
 if torch.cuda.is_available():
-    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch_dtype(MAIN))  # bf16, or fp16 on a T4
     wrong = bench.time_unsynchronised(lambda: x @ x, repeats=10, label="unsynchronised (wrong)")
     right = bench.benchmark(lambda: x @ x, flops=2 * 8192**3, label="synchronised")
     print(wrong)
