@@ -102,11 +102,11 @@ import torch
 import transformers
 
 import course_lib  # sets TRITON_INTERPRET=1 when there is no CUDA GPU
+from course_lib.core.dtypes import torch_dtype
 from course_lib.kernels import HAS_TRITON, interpreter_on
 from course_lib.measure import bench, costs, energy, half_precision, hardware, microbench, plots, roofline
 from course_lib.measure.claims import compare_prediction
 from course_lib.measure.report import record
-from course_lib.core.dtypes import torch_dtype
 
 torch.manual_seed(0)
 if not torch.cuda.is_available():  # on a shared machine, time with the cores that are actually free
