@@ -111,6 +111,7 @@ class BatchRun:
     tpot_s: float  # median over runs of the mean TPOT of the batch's requests
     ttft_s: float  # median over runs of the mean TTFT
     traces: tuple[RequestTrace, ...]
+    tpot_samples_s: tuple[float, ...] = ()  # every run's mean TPOT (for a run-to-run spread)
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -144,7 +145,15 @@ def tpot_sweep(
         ttfts = [statistics.fmean(t.ttft for t in run) for run in runs]
         median_run = runs[sorted(range(len(runs)), key=tpots.__getitem__)[len(runs) // 2]]
         out.append(
-            BatchRun(b, prompt_len, new_tokens, statistics.median(tpots), statistics.median(ttfts), tuple(median_run))
+            BatchRun(
+                b,
+                prompt_len,
+                new_tokens,
+                statistics.median(tpots),
+                statistics.median(ttfts),
+                tuple(median_run),
+                tuple(tpots),
+            )
         )
     return out
 
