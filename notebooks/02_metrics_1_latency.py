@@ -786,7 +786,7 @@ print(
 # mean cannot show. The per-request prediction says how much of each latency the prompt and answer
 # lengths explain, and the printed misses are the requests they do not: look at whether those are the
 # slow tail or scattered. The tail verdicts compare the ratios with their own resampling spread, because a
-# p99 of 100 requests is the mean of the one or two slowest: the table shows its spread shrinking only as
+# p99 of 100 requests is set by the one or two slowest: the table shows its spread shrinking only about as
 # 1/√n, so a p99 steady to a few percent needs thousands of requests, while 100 is only the fewest for which
 # p99 is not simply the maximum. This is why SLOs are written on percentiles over long windows ("p99 TTFT
 # under 500 ms over the day"), and why `metrics.summarize` prints them first.

@@ -9,7 +9,8 @@ from course_lib.engine import Engine
 from course_lib.measure.metrics import RequestTrace
 from course_lib.models import accounting
 from course_lib.serving import batch_efficiency as be
-from course_lib.serving import client, latency_checks as lc
+from course_lib.serving import client
+from course_lib.serving import latency_checks as lc
 from course_lib.serving import utilization_checks as uc
 from tests.conftest import random_llama
 
