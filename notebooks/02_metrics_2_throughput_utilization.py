@@ -58,7 +58,11 @@ if "google.colab" in sys.modules:
 #   higher MFU than inference;
 # * to test a rule of thumb (Anyscale: 100 input tokens ≈ 1 output token) on a real engine, and to
 #   derive it from the roofline;
-# * the throughput–latency trade-off of batching, goodput under an SLO, and online vs batch APIs;
+# * MFU against the measured and against the theoretical peak, each with its own bar, and why a decode at
+#   a few percent MFU can be the best it can be (utilization is not the goal);
+# * the throughput–latency trade-off of batching, goodput under an SLO (and what in it is the scheduler's
+#   doing), online vs batch APIs, classic ML's precomputed predictions, and why consistent output lengths
+#   are easier to serve;
 # * to benchmark an engine against Hugging Face `generate`, fairly.
 #
 # **Models in this chapter.** Where the regime decides the lesson, the course's real chat model,
@@ -67,8 +71,8 @@ if "google.colab" in sys.modules:
 # from its own TTFT and TPOT (section 2), and throughput, latency and goodput as the batch grows
 # (section 3). Beside it, the 5M-parameter **tiny-target** (20 MB, cache-resident, overhead-bound
 # decode) as the contrast in sections 1–2, and for what serves many requests or runs a second framework
-# within a CI budget: the latency grid of section 2, online vs batch APIs (4), busy time vs MFU (5) and
-# the comparison with `transformers` (6).
+# within a CI budget: the latency grid of section 2, online vs batch APIs and the two workloads of equal
+# mean length (4), busy time vs MFU (5) and the comparison with `transformers` (6).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -88,10 +92,10 @@ from course_lib.bottlenecks.engine_vs_hf import PROMPT, engine_vs_hf, format_row
 from course_lib.engine import Engine
 from course_lib.engine.sampling import SamplingParams
 from course_lib.measure import hardware, metrics, microbench, plots, profiling, references
-from course_lib.measure.claims import claim, compare_prediction
+from course_lib.measure.claims import claim, compare_prediction, relative_spread
 from course_lib.measure.report import record
 from course_lib.models import accounting
-from course_lib.serving import chat_model
+from course_lib.serving import batch_efficiency, chat_model, utilization_checks
 
 transformers.utils.logging.disable_progress_bar()
 torch.manual_seed(0)
@@ -126,9 +130,11 @@ w_bytes = accounting.weight_bytes(shape, DT)
 cache_bw = microbench.measure_bandwidth("triad", n_bytes=int(w_bytes / 3), device=DEV).rate(w_bytes, best=True)
 pool = serving.prompt_pool(engine.tokenizer, 2048)
 n_long = course_lib.pick(512, 1000)
-ttft = {n_long: serving.ttft_sweep(engine, pool, [n_long], repeats=course_lib.pick(3, 7))[0].ttft_s}
+PROMPT_LEN = 64
+ttft_pts = serving.ttft_sweep(engine, pool, [PROMPT_LEN, n_long], repeats=course_lib.pick(3, 7))
+ttft = {p.prompt_len: p.ttft_s for p in ttft_pts}
 batches = course_lib.pick((1, 4, 16, 32), (1, 2, 4, 8, 16, 32, 64, 128, 256))
-PROMPT_LEN, NEW = 64, course_lib.pick(32, 64)
+NEW = course_lib.pick(32, 64)
 ctx = PROMPT_LEN + NEW // 2  # average keys per decode step
 runs = serving.tpot_sweep(engine, pool, batches, prompt_len=PROMPT_LEN, new_tokens=NEW, repeats=course_lib.pick(3, 5))
 tpot = {r.batch: r.tpot_s for r in runs}
@@ -137,7 +143,7 @@ engine.add_request(pool[:ctx], SamplingParams(max_new_tokens=2, ignore_eos=True)
 engine.step()
 n_ops = profiling.count_ops(engine.step)  # one whole decode step
 print(f"peaks: {PEAK / 1e9:.1f} GFLOP/s {DT}, {BW / 1e9:.1f} GB/s (cache-resident triad {cache_bw / 1e9:.1f} GB/s)")
-print(f"TTFT at {n_long} prompt tokens: {ttft[n_long] * 1e3:.1f} ms")
+print("TTFT: " + ", ".join(f"{n} prompt tokens {t * 1e3:.1f} ms" for n, t in ttft.items()))
 print("TPOT: " + ", ".join(f"batch {b} {tpot[b] * 1e3:.2f} ms" for b in batches))
 print(f"one decode step dispatches {n_ops} torch ops")
 
@@ -173,7 +179,11 @@ print("TPOT: " + ", ".join(f"batch {b} {t * 1e3:.1f} ms" for b, t in c_tpot.item
 # ## 1 · MFU for prefill, MBU for decode
 #
 # *Claim* (Huyen, *AI Engineering*, ch. 9). **MFU** (model FLOP/s utilization) = achieved FLOP/s ÷ peak FLOP/s; **MBU** (model
-# bandwidth utilization) = (parameters × bytes/parameter × tokens/s) ÷ peak bandwidth. Compute-bound work
+# bandwidth utilization) = achieved bytes/s ÷ peak bandwidth: the bytes a decode step must move (every
+# weight once, plus each sequence's KV cache) × steps/s. At batch 1 a step makes one token, so that is
+# Huyen's (parameters × bytes/parameter × tokens/s) ÷ peak bandwidth; at batch b a step makes b tokens
+# while reading the weights once, so the batch-1 formula with the batch's tokens/s would count the weights
+# b times (`roof_check.utilization` uses steps/s). Compute-bound work
 # shows high MFU and low MBU, bandwidth-bound work the reverse; prefill's MFU beats decode's; and
 # today an MFU above 50% is good.
 #
@@ -254,11 +264,14 @@ tiny_cache_mbu = util["tiny-target"][f"decode b={b1}"]["mbu"] * BW / cache_bw
 print(f"tiny-target decode b=1 MBU against the cache bandwidth: {tiny_cache_mbu:.1%}")
 cu = util["SmolLM2-135M"]
 compare_prediction("SmolLM2 decode MBU at batch 1", my_mbu_prediction, measured=cu["decode b=1"]["mbu"])
-mfu_order = claim(
-    "SmolLM2: prefill's MFU beats decode's (batch 1)", cu["prefill"]["mfu"] / cu["decode b=1"]["mfu"], at_least=1.0
+mfu_pred, mbu_pred = utilization_checks.roofline_orderings(
+    cshape, prompt_len=c_long, context_len=c_ctx, peak_flops=PEAK, bandwidth=BW, dtype=DT
 )
-mbu_order = claim(
-    "SmolLM2: decode's MBU (batch 1) beats prefill's", cu["decode b=1"]["mbu"] / cu["prefill"]["mbu"], at_least=1.0
+mfu_order = utilization_checks.ordering(
+    "SmolLM2: prefill's MFU beats decode's (batch 1)", cu["prefill"]["mfu"] / cu["decode b=1"]["mfu"], mfu_pred
+)
+mbu_order = utilization_checks.ordering(
+    "SmolLM2: decode's MBU (batch 1) beats prefill's", cu["decode b=1"]["mbu"] / cu["prefill"]["mbu"], mbu_pred
 )
 real_bw_bound = claim(
     "SmolLM2's batch-1 decode is bandwidth-bound: it uses at least half the measured DRAM bandwidth (MBU >= 50%)",
@@ -270,15 +283,71 @@ real_bw_bound = claim(
 # %% [markdown]
 # *Explain.* Huyen's ordering predicts the first two verdicts: prefill does many FLOPs per weight read,
 # so its MFU is the higher, and decode at batch 1 does one multiply-add per weight, so its MBU is the
-# higher; batching lifts decode's MFU because more tokens share one read of the weights. The absolute
+# higher. The roofline also says by how much — each phase at its own roof gives the factors in the
+# verdicts — so each is judged against half that factor, not against "higher at all". Batching lifts
+# decode's MFU because more tokens share one read of the weights. The absolute
 # values depend on the regime, and the two models show two of them. SmolLM2 streams 538 MB from DRAM
 # every step: its decode MBU is judged against the DRAM roof, and the third verdict says how close it
-# came. tiny-target's weights sit in the cache and its step is mostly op dispatch (part 1, section 2):
+# came. tiny-target's weights sit in the cache and most of its step is the small non-matmul ops (part 1, section 2 splits it):
 # its MBU against DRAM is low, and against the cache lower still, because the bytes are not what it
-# waits for. An MBU near gpt-fast's 70% needs a model large enough to hide the overhead, which the real
-# model is. Prefill's MFU is set by how well the matmuls use the vector units, which the wider SmolLM2
-# matmuls do better than tiny-target's 256-wide ones. Against Huyen's ">50% MFU is good" bar, the table
-# says which phase clears it here: decode at batch 1 cannot, by construction.
+# waits for. An MBU near gpt-fast's 70% needs a model large enough to hide the overhead; the real model
+# comes closer, and the third verdict says how close. Prefill's MFU is set by how well the matmuls use the vector units, which the wider SmolLM2
+# matmuls do better than tiny-target's 256-wide ones.
+#
+# *Two peaks, two bars.* Every MFU above divides by the *measured* matmul peak (a large square fp32 matmul
+# timed on this machine), so it asks "how close to the best this machine's library does". Huyen's "> 50%
+# MFU is good" is defined against the *theoretical* peak, the datasheet's: for a CPU, cores × clock ×
+# FLOP per cycle of its FMA units (`hardware.cpu_theoretical_flops`; chapter 00 derives it, e.g. 32 fp32
+# FLOP per cycle on AMD Zen 4, which double-pumps AVX-512). Each MFU is judged against its own bar:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+info = hardware.detect_device()
+gpu_sheet = hardware.spec_for_device(info) if CUDA else None
+theory_fp32 = (gpu_sheet.peak_flops("fp32") if gpu_sheet else None) if CUDA else hardware.cpu_theoretical_flops(info)
+theory_bf16 = utilization_checks.bf16_theoretical(theory_fp32, info.isa) if not CUDA else None
+if theory_fp32:
+    fpc = "datasheet" if CUDA else f"{hardware.flop_per_cycle(info)} FLOP/cycle x {info.mhz:.0f} MHz, {info.clock_note}"
+    print(
+        f"theoretical fp32 peak: {theory_fp32 / 1e9:.0f} GFLOP/s ({fpc}); "
+        f"measured matmul peak {PEAK / 1e9:.0f} GFLOP/s = {PEAK / theory_fp32:.0%} of it"
+    )
+    if theory_bf16:
+        print(
+            f"theoretical bf16 peak (AVX-512 BF16: VDPBF16PS does two bf16 products per fp32 lane): "
+            f"{theory_bf16 / 1e9:.0f} GFLOP/s; this chapter runs fp32 only"
+        )
+c_prefill_rate = accounting.prefill_flops(cshape, c_long) / c_ttft[c_long]
+two = utilization_checks.mfu_two_peaks(c_prefill_rate, PEAK, theory_fp32)
+print(f"SmolLM2 prefill at {c_long} tokens: {c_prefill_rate / 1e9:.0f} GFLOP/s")
+print(f"  MFU vs the measured matmul peak {two['measured']:.0%}   (bar: >= 80%, as fast as this machine's best matmul)")
+mfu_meas_ok = utilization_checks.mfu_near_measured(two["measured"])
+if two["theoretical"] is not None:
+    print(f"  MFU vs the theoretical peak      {two['theoretical']:.0%}   (Huyen's bar: > 50%)")
+    mfu_theory_ok = utilization_checks.mfu_good_theoretical(two["theoretical"])
+    if two["theoretical"] > 1:
+        print(
+            f"  above 100%: the clock it assumes is the {info.clock_note} ({info.mhz:.0f} MHz) and the cores boost "
+            "above it; the theoretical peak is only as good as the clock it is computed at"
+        )
+    print(f"decode at batch 1 against the theoretical peak: MFU {cu['decode b=1']['mfu'] * PEAK / theory_fp32:.1%}")
+
+# %% [markdown]
+# *Utilization is not the goal* (Huyen, *AI Engineering*, ch. 9). A batch-1 decode's MFU is small by
+# construction: it does 2 FLOPs per weight it reads, so its MFU cannot exceed its arithmetic intensity over
+# the ridge point. What it should be judged by is the resource that binds it — bandwidth — and a decode at
+# a few percent MFU is well run if its MBU is high: the fastest, cheapest service, not the highest
+# utilization, is the goal. The verdict compares each phase's use of its own binding resource:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for name, u in cu.items():
+    print(
+        f"SmolLM2 {name:<12}: MFU {u['mfu']:6.1%}, MBU {u['mbu']:6.1%} -> uses its binding roof {utilization_checks.binding_use(u['mfu'], u['mbu']):.0%}"
+    )
+not_the_goal = utilization_checks.low_mfu_can_be_optimal(
+    cu["decode b=1"]["mfu"], cu["decode b=1"]["mbu"], cu["prefill"]["mfu"], cu["prefill"]["mbu"]
+)
 #
 # ## 2 · "100 input tokens ≈ 1 output token" — on our engine
 #
@@ -324,10 +393,21 @@ print(
     f"latency ~ {fit.a * 1e3:.2f} ms + {fit.b * 1e6:.1f} us x input + {fit.c * 1e3:.2f} ms x output "
     f"(rms residual {fit.rms_s * 1e3:.2f} ms)"
 )
+fit_ci = utilization_checks.bootstrap_fit_ratio(grid)
 print(
-    f"1 output token costs as much as {fit.ratio:.0f} input tokens "
-    f"(Anyscale: 100; roofline for this machine: {ratio_roof:.0f})"
+    f"1 output token costs as much as {fit.ratio:.0f} input tokens, 90% interval [{fit_ci[0]:.0f}, {fit_ci[2]:.0f}] "
+    f"(residual bootstrap of the {len(grid)}-point fit; Anyscale: 100; roofline for this machine: {ratio_roof:.0f})"
 )
+print(
+    f"the input effect over the grid, b x ({max(in_lens)} - {min(in_lens)}) = "
+    f"{fit.b * (max(in_lens) - min(in_lens)) * 1e3:.1f} ms, against an rms residual of {fit.rms_s * 1e3:.1f} ms"
+)
+ratio_parts = utilization_checks.parts_ratio(tpot[b1], ttft[PROMPT_LEN], ttft[n_long], PROMPT_LEN, n_long)
+print(
+    f"from the parts of section 0: TPOT {tpot[b1] * 1e3:.2f} ms / TTFT slope "
+    f"{(ttft[n_long] - ttft[PROMPT_LEN]) / (n_long - PROMPT_LEN) * 1e6:.1f} us per prompt token = {ratio_parts:.0f}"
+)
+fit_vs_parts = utilization_checks.ratios_agree(ratio_parts, fit_ci)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -345,14 +425,18 @@ plt.show()
 # *Explain the gap.* Our ratio and Anyscale's 100 answer the same question on very different machines.
 # On a CPU the roofline predicts a small ratio, because a CPU's compute and bandwidth are closer
 # together than a GPU's (a low ridge). The measured ratio comes out larger than that prediction for the
-# reason of part 1, section 2: each output token pays the per-step dispatch overhead of a few hundred ops, while
+# reason of part 1, section 2: each output token pays the per-step cost of a few hundred small ops, while
 # a prompt's tokens share one forward pass and pay it once. A compiled decode step would lower c and
 # move the ratio down toward the roofline; a larger model on a GPU would move both toward the datasheet
 # figures above. The rule of thumb is a statement about hardware, software and model together.
 # (Three numbers cannot describe everything: TTFT curves upward with length, and each decode step
 # gets a little slower as the context it attends to grows. The intercept a absorbs that curvature —
 # it need not be a physical cost, and can even come out negative — and the rms residual says how well
-# the plane fits.)
+# the plane fits.) The ratio is c ÷ b, and b is small: the whole input effect over the grid is printed
+# beside the residual, and where the two are comparable the ratio is poorly pinned, which is what its
+# bootstrap interval shows. Section 0's parts measure the same two costs directly — c is a lone
+# request's TPOT, b the slope of TTFT between a short and a long prompt — and the verdict says whether
+# the two estimates agree within the fit's interval. Quote the ratio with its interval, never alone.
 #
 # The same question for the real model, from section 0's SmolLM2 measurements: c is its batch-1 TPOT,
 # b the slope of its TTFT between the short and the long prompt (each further prompt token's cost):
@@ -367,17 +451,20 @@ print(
     f"({c_per_input * 1e3:.2f} ms each); roofline for this machine: {c_ratio_roof:.0f}"
 )
 print(f"measured / roofline: SmolLM2 {c_ratio / c_ratio_roof:.1f}x, tiny-target {fit.ratio / ratio_roof:.1f}x")
-real_nearer_roof = claim(
-    "the real model's ratio lies nearer its roofline than tiny-target's (less per-step overhead to pay)",
-    abs(np.log(fit.ratio / ratio_roof)) / abs(np.log(c_ratio / c_ratio_roof)),
-    at_least=1.0,
-    why_not="timing noise in the two TTFTs behind the slope, or the tiny model's grid fit absorbed its overhead",
-)
+if c_per_input > 0 and fit.ratio > 0:
+    real_nearer_roof = claim(
+        "the real model's ratio lies nearer its roofline than tiny-target's (less per-step overhead to pay)",
+        abs(np.log(fit.ratio / ratio_roof)) / abs(np.log(c_ratio / c_ratio_roof)),
+        at_least=1.0,
+        why_not="timing noise in the two TTFTs behind the slope, or the tiny model's grid fit absorbed its overhead",
+    )
+else:
+    print("no verdict: a TTFT slope or the fit's b came out <= 0 in this run (a loaded machine); re-run section 0")
 
 # %% [markdown]
 # *Explain.* A decode step of SmolLM2 is mostly the weights streaming from DRAM, and a prompt token
 # mostly its share of compute-bound matmuls: the two costs the roofline divides. So its measured ratio
-# should sit close to the roofline's, where tiny-target's is inflated by the dispatch every decode step
+# should sit close to the roofline's, where tiny-target's is inflated by the small ops every decode step
 # pays; the verdict says whether it did here. Both ratios are far below Anyscale's 100 because this CPU's
 # ridge point is low; on a GPU the same arithmetic with its ridge gives the datasheet figures above.
 #
@@ -400,13 +487,22 @@ sums = {r.batch: metrics.summarize(r.traces, slo=slo) for r in c_runs}
 roof_tok_s = {b: b / time_floors.decode_time(cshape, c_ctx, PEAK, BW, DT, b) for b in c_batches}
 print(f"SmolLM2, {PROMPT_LEN}-token prompts, {C_NEW} output tokens each")
 print(f"SLO: TTFT <= {slo.ttft_s * 1e3:.0f} ms, TPOT <= {slo.tpot_s * 1e3:.1f} ms")
+misses = {
+    r.batch: (
+        sum(t.ttft > slo.ttft_s for t in r.traces),
+        sum(t.n_output > 1 and t.tpot > slo.tpot_s for t in r.traces),
+    )
+    for r in c_runs
+}
 print(
     f"{'batch':>5}{'tok/s':>9}{'decode roof':>12}{'TPOT p50':>10}{'TTFT p50':>10}{'req/s':>8}{'goodput':>9}{'met':>6}"
+    f"{'miss TTFT/TPOT':>16}"
 )
 for b, s in sums.items():
     print(
         f"{b:>5}{s.output_tokens_per_s:>9.0f}{roof_tok_s[b]:>12.0f}{s.tpot[50] * 1e3:>8.1f}ms{s.ttft[50] * 1e3:>8.0f}ms"
         f"{s.requests_per_min / 60:>8.1f}{s.goodput_rps:>9.2f}{s.slo_attainment:>6.0%}"
+        f"{misses[b][0]:>10}/{misses[b][1]}"
     )
 batch_gain = claim(
     f"batching shares the weight reads: batch {cN} decodes at least {cN // 2}x the tokens/s of batch 1",
@@ -417,26 +513,24 @@ batch_gain = claim(
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=plots.DPI)
-ax1.plot([s.tpot[50] * 1e3 for s in sums.values()], [s.output_tokens_per_s for s in sums.values()], "o-")
-for b, s in sums.items():
-    ax1.annotate(
-        f"b={b}", (s.tpot[50] * 1e3, s.output_tokens_per_s), fontsize=7, xytext=(4, -10), textcoords="offset points"
-    )
-ax1.axvline(slo.tpot_s * 1e3, color="tab:red", ls="--", lw=1, label="SLO on TPOT")
-ax1.set(
-    xscale="log",
-    yscale="log",
-    xlabel="TPOT p50 (ms)",
-    ylabel="output tokens / s",
-    title="throughput vs latency as the batch grows",
-)
-ax1.legend(fontsize=8)
+fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(13, 3.8), dpi=plots.DPI)
+for ax, key, slo_s, name in ((ax1, "tpot", slo.tpot_s, "TPOT"), (ax3, "ttft", slo.ttft_s, "TTFT")):
+    xs_ = [getattr(s, key)[50] * 1e3 for s in sums.values()]
+    ax.plot(xs_, [s.output_tokens_per_s for s in sums.values()], "o-")
+    for b, x_ in zip(sums, xs_):
+        ax.annotate(
+            f"b={b}", (x_, sums[b].output_tokens_per_s), fontsize=7, xytext=(4, -10), textcoords="offset points"
+        )
+    ax.axvline(slo_s * 1e3, color="tab:red", ls="--", lw=1, label=f"SLO on {name}")
+    ax.set(xscale="log", yscale="log", xlabel=f"{name} p50 (ms)", ylabel="output tokens / s")
+    ax.legend(fontsize=8)
+ax1.set_title("throughput vs TPOT as the batch grows")
+ax3.set_title("throughput vs TTFT as the batch grows")
 ax2.plot(list(sums), [s.requests_per_min / 60 for s in sums.values()], "o-", label="throughput (req/s)")
 ax2.plot(list(sums), [s.goodput_rps for s in sums.values()], "s--", label="goodput (req/s in SLO)")
 ax2.set(xscale="log", xlabel="batch size", ylabel="requests / s", title="goodput under the SLO")
 ax2.legend(fontsize=8)
-for ax in (ax1, ax2):
+for ax in (ax1, ax3, ax2):
     ax.grid(True, which="both", alpha=0.25)
 fig.tight_layout()
 plt.show()
@@ -454,13 +548,30 @@ if gained:
 best = max(sums, key=lambda b: sums[b].goodput_rps)
 top = max(sums, key=lambda b: sums[b].output_tokens_per_s)
 print(f"highest throughput at batch {top}; highest goodput at batch {best}")
+failing = [b for b in sums if sums[b].slo_attainment < 1]
+if failing:
+    bf = failing[0]
+    cause = "TTFT" if misses[bf][0] >= misses[bf][1] else "TPOT"
+    print(
+        f"the SLO first fails at batch {bf}: {misses[bf][0]} of {bf} requests over the TTFT bound, {misses[bf][1]} over "
+        f"the TPOT bound -> {cause} decides; TTFT there is {sums[bf].ttft[50] / base.ttft[50]:.1f}x a lone request's, "
+        f"TPOT {sums[bf].tpot[50] / base.tpot[50]:.1f}x"
+    )
+else:
+    print("every batch of the sweep met the SLO")
 
 # %% [markdown]
-# *Explain.* Throughput climbs with the batch because each step's weight reads are shared; the
-# latency cost shows first in TTFT (the whole batch's prompts are prefilled before anyone's first token)
-# and then in TPOT once the per-sequence work dominates the step. Goodput follows throughput only while
-# the SLO holds and collapses once it does not: the batch that maximises tokens/s is not the one that
-# maximises happy users. The printout above checks LinkedIn's observation on this machine. The
+# *Explain.* Throughput climbs with the batch because each step's weight reads are shared. The latency
+# cost of a *static* batch shows first in TTFT: every request's first token waits for the whole batch's
+# prompts to be prefilled, so TTFT grows about in step with the batch, while TPOT, a step streaming the
+# same weights for a few more rows, grows far more slowly (the printout gives both factors). Goodput follows
+# throughput only while the SLO holds, and the printout says which bound failed first. Read that with its
+# two assumptions: a TTFT bound of 4× a *lone* request's TTFT is crossed as soon as four prompts are
+# prefilled together, and static batching is what makes TTFT grow with the batch. So "goodput peaks at a
+# smaller batch than throughput" is here a property of this SLO and this scheduler, not a law: continuous
+# batching with chunked prefill (chapter 06) lets a newcomer's first token come out without waiting for a
+# whole batch's prompts, and a looser TTFT bound moves the peak. The printout above checks LinkedIn's
+# observation on this machine. The
 # "decode roof" column is the roofline's tokens/s, batch ÷ max(FLOPs ÷ peak, bytes ÷ bandwidth): it rises
 # in step with the batch while the weights dominate the bytes and flattens once the batch's FLOPs reach
 # this CPU's ridge (a few sequences in fp32, hundreds on a GPU in bf16), which is why a CPU gains far
@@ -532,6 +643,75 @@ print(
 # is more than twice as fast as one-at-a-time service) — the idea behind the continuous batching of
 # chapter 06.
 #
+# *Classic ML's batch predictions.* A recommender or a fraud model has a known, finite set of inputs
+# (every user, every product): it can score them all overnight in one large batch job and serve each
+# answer from a table in microseconds. That costs the batch price for every input, used or not, so it
+# pays when enough of the precomputed answers are asked for. An LLM's inputs are open-ended text: they
+# cannot be enumerated, so it must be served online (Huyen, *AI Engineering*, ch. 9), and only a batch API
+# over requests that already exist gets the batch price. The arithmetic, with the costs just measured:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+cost_batch = (batch.window[1] - batch.window[0]) / N_API  # machine seconds per request, batched
+cost_online = (idle.window[1] - idle.window[0]) / N_API  # one at a time
+f_even = batch_efficiency.precompute_breakeven(cost_batch, cost_online)
+print(
+    f"machine time per request: batch {cost_batch * 1e3:.1f} ms, online {cost_online * 1e3:.1f} ms -> precomputing "
+    f"every known input is cheaper per used answer once more than {f_even:.0%} of the answers are used"
+)
+print(
+    f"the inputs to precompute for a 20-token prompt over tiny-target's {shape.vocab_size:,}-token vocabulary: "
+    f"10^{batch_efficiency.input_space_log10(shape.vocab_size, 20):.0f}; "
+    f"over SmolLM2's {cshape.vocab_size:,}: 10^{batch_efficiency.input_space_log10(cshape.vocab_size, 20):.0f}"
+)
+
+# %% [markdown]
+# ### Consistent lengths are easier to optimize
+#
+# *Claim* (Huyen, *AI Engineering*, ch. 9). A workload whose output lengths are consistent is easier to
+# optimize than one whose lengths vary. A static batch runs until its longest answer is done, and the
+# rows that finished early keep their slots (`serving.serve`, the waste chapter 06 removes). *Predict*:
+# two workloads with the same prompts and the same mean output length, one constant and one log-normal;
+# from the lengths alone, the share of the decode slots that do useful work:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+N_LEN, B_LEN, MEAN_OUT = 16, 8, 16
+const_w, var_w = batch_efficiency.equal_mean_workloads(pool, N_LEN, mean_output=MEAN_OUT, sigma=1.0, seed=2)
+eff = {
+    name: batch_efficiency.static_efficiency([r.max_new_tokens for r in w], B_LEN)
+    for name, w in (("constant", const_w), ("variable", var_w))
+}
+var_outs = [r.max_new_tokens for r in var_w]
+print(
+    f"{N_LEN} requests in static batches of {B_LEN}, mean output {np.mean(var_outs):.0f} tokens in both; "
+    f"variable: std {np.std(var_outs):.0f}, max {max(var_outs)}"
+)
+print(f"useful share of the slots: constant {eff['constant']:.0%}, variable {eff['variable']:.0%}")
+len_runs = {}  # the engine is warm from the serving above
+for name, w in (("constant", const_w), ("variable", var_w)):
+    len_runs[name] = [metrics.summarize(serving.serve(engine, w, batch_size=B_LEN)) for _ in range(2)]
+useful = {name: [s.output_tokens_per_s for s in ss] for name, ss in len_runs.items()}
+gain = np.median(useful["constant"]) / np.median(useful["variable"])
+for name in useful:
+    print(
+        f"{name:>9}: {np.median(useful[name]):.0f} useful tokens/s (runs: {', '.join(f'{u:.0f}' for u in useful[name])})"
+    )
+consistent = batch_efficiency.consistent_is_faster(
+    gain,
+    eff["constant"] / eff["variable"],
+    spread=max(relative_spread(useful["constant"]), relative_spread(useful["variable"])),
+)
+
+# %% [markdown]
+# *Explain.* Same mean, same prompts, same engine: the variable workload's batches each wait for their
+# longest answer, so part of every step decodes rows nobody reads. The gain the lengths predict assumes a
+# padded row costs as much as a useful one; in a decode step dominated by streaming the weights (or, for
+# this small model, by per-op overhead) that is nearly true, so the verdict holds the measurement to half
+# that gain. Consistent lengths also make a batch's finishing time predictable, which is what schedulers
+# and SLOs need. Continuous batching (chapter 06) attacks the same waste from the other side: it refills a
+# finished row's slot at once, so the variance costs less.
+#
 # ## 5 · "GPU utilization" is not MFU
 #
 # *Claim* (Huyen, *AI Engineering*, ch. 9). The "GPU utilization" that `nvidia-smi` reports is the share of time the GPU was
@@ -571,14 +751,25 @@ print(
     f"on {busy.threads} thread(s) -> busy {busy.fraction:.0%}"
 )
 print(f"MFU of the same loop: {cpu_mfu:.1%} of {PEAK / 1e9:.0f} GFLOP/s")
-busy_not_mfu = claim(
-    "'busy' overstates how well the hardware is used (busy share >= 5x the MFU)", busy.fraction / cpu_mfu, at_least=5
-)
+long_ids = pool[:n_long]
+
+
+def prefill_loop():
+    for _ in range(2):
+        engine.generate([long_ids], SamplingParams(max_new_tokens=1, ignore_eos=True))
+
+
+busy_pf = profiling.cpu_busy(prefill_loop, threads=1 if CUDA else None)
+pf_mfu = 2 * accounting.prefill_flops(shape, n_long) / busy_pf.wall_s / PEAK
+print(f"two {n_long}-token prefills: busy {busy_pf.fraction:.0%}, MFU {pf_mfu:.1%}")
+mfus_differ, busy_cannot_tell = utilization_checks.busy_blind(busy.fraction, busy_pf.fraction, cpu_mfu, pf_mfu)
 
 # %% [markdown]
-# *Explain.* The process keeps its cores busy most of the time (on a GPU run, NVML's figure is
-# printed above it), while the FLOP/s it achieves are a small share of the peak (the verdict compares the two). Busy time counts
-# cycles spent dispatching ops, waiting on memory and spinning at thread barriers as "utilized". To
+# *Explain.* On a CPU, "busy" next to an MFU of a few percent proves little by itself: OpenMP's worker
+# threads spin-wait between parallel regions, so any loop of torch ops keeps its cores near 100% busy. The
+# test that can fail is the comparison: a decode loop and a prefill loop whose MFUs differ many times,
+# and whether their busy shares tell them apart (on a GPU run, NVML's figure is printed above). Busy time
+# counts cycles spent dispatching ops, waiting on memory and spinning at thread barriers as "utilized". To
 # know how well the hardware is used, measure MFU for compute-bound work and MBU for bandwidth-bound
 # work; a dashboard's "utilization" answers a different question (is anything running?). And, as Huyen
 # adds, the goal is never the highest utilization but the fastest, cheapest service.
@@ -717,6 +908,7 @@ record(
     note="weight bytes / decode step time; theory: the measured memory bandwidth",
 )
 record(ch, "cpu_busy_fraction", busy.fraction, "fraction", note=f"MFU of the same loop {cpu_mfu:.3f}")
+record(ch, "output_input_ratio_parts", ratio_parts, "input tokens per output token", note="TPOT / TTFT slope")
 print("recorded", ch)
 
 # %% [markdown]
@@ -828,16 +1020,23 @@ ch02.check_ratio_on_this_machine(answer, peak_flops=PEAK, bandwidth=BW, model="t
 # ## Summary
 #
 # * **Throughput** (tokens/s, requests per minute) rises with batching at the cost of TTFT and TPOT
-#   (LinkedIn's 2–3×); **goodput** counts only requests within the **SLO** and peaks at a smaller batch.
-#   **Online APIs** serve for latency, **batch APIs** for throughput and cost.
+#   (LinkedIn's 2–3×); **goodput** counts only requests within the **SLO**. Under static batching it can
+#   peak at a smaller batch than throughput, because TTFT grows with the batch; which bound fails first
+#   depends on the SLO (a TTFT bound of a few lone TTFTs fails first) and on the scheduler (chapter 06).
+#   **Online APIs** serve for latency, **batch APIs** for throughput and cost; classic ML can precompute
+#   every answer, an LLM's inputs cannot be enumerated. **Consistent lengths** are easier to batch: with
+#   the same mean, variance in the output length is padding in a static batch.
 # * **Utilization**: busy-time "GPU utilization" is not efficiency. **MFU** judges compute-bound prefill
-#   (> 50% is good), **MBU** = params × bytes/param × tokens/s ÷ bandwidth judges bandwidth-bound decode.
+#   (Huyen's > 50% is against the theoretical peak; against a measured matmul peak the bar is near 100%),
+#   **MBU** = the bytes a step moves × steps/s ÷ bandwidth (at batch 1: params × bytes/param × tokens/s)
+#   judges bandwidth-bound decode. Utilization is not the goal: a batch-1 decode at a few percent MFU is
+#   well run when its MBU is high.
 #   Prefill's MFU is higher than decode's, as Huyen says, and training's is higher still: a training
 #   step reuses every weight across a whole batch of tokens. For a small, cache-resident model the
 #   per-op overhead keeps decode's MFU and MBU low — the motivation for compiled decode steps later in the
 #   course; a model many times larger than the cache (SmolLM2) is judged by its MBU against DRAM.
 # * **Anyscale's "100 input tokens ≈ 1 output token"** is (bytes per parameter ÷ 2) × the ridge point,
 #   discounted by real efficiencies — a GPU figure. On a CPU the ridge is low and each decode step
-#   pays a fixed dispatch cost, so the measured ratio is our own.
+#   pays a fixed cost for its few hundred small ops, so the measured ratio is our own.
 # * A fair engine benchmark runs the same model, inputs and machine, and checks the tokens are
 #   identical before it compares speed.

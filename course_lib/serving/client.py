@@ -111,6 +111,7 @@ class BatchRun:
     tpot_s: float  # median over runs of the mean TPOT of the batch's requests
     ttft_s: float  # median over runs of the mean TTFT
     traces: tuple[RequestTrace, ...]
+    tpot_samples_s: tuple[float, ...] = ()  # every run's mean TPOT (for a run-to-run spread)
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -144,7 +145,15 @@ def tpot_sweep(
         ttfts = [statistics.fmean(t.ttft for t in run) for run in runs]
         median_run = runs[sorted(range(len(runs)), key=tpots.__getitem__)[len(runs) // 2]]
         out.append(
-            BatchRun(b, prompt_len, new_tokens, statistics.median(tpots), statistics.median(ttfts), tuple(median_run))
+            BatchRun(
+                b,
+                prompt_len,
+                new_tokens,
+                statistics.median(tpots),
+                statistics.median(ttfts),
+                tuple(median_run),
+                tuple(tpots),
+            )
         )
     return out
 
@@ -152,16 +161,18 @@ def tpot_sweep(
 def latency_grid(
     engine, pool: Sequence[int], input_lens: Sequence[int], output_lens: Sequence[int], repeats: int = 3
 ) -> list[tuple[int, int, float]]:
-    """(input tokens, output tokens, median end-to-end latency s) for every pair of the grid, batch 1."""
+    """(input tokens, output tokens, median end-to-end latency s) for every pair of the grid, batch 1.
+    One warm-up request before the grid (not one per point: the engine stays warm between points)."""
     input_lens = _positive_ints("input_lens", input_lens)
     output_lens = _positive_ints("output_lens", output_lens)
     check_positive_int("repeats", repeats)
     out = []
+    warm = SamplingParams(max_new_tokens=max(output_lens), ignore_eos=True)
+    engine.generate([prompt_of_length(pool, max(input_lens))], warm)  # warm-up, once
     for n_in in input_lens:
         ids = prompt_of_length(pool, n_in)
         for n_out in output_lens:
             params = SamplingParams(max_new_tokens=n_out, ignore_eos=True)
-            engine.generate([ids], params)  # warm-up
             lat = [engine.generate([ids], params)[0].trace.latency for _ in range(repeats)]
             out.append((n_in, n_out, statistics.median(lat)))
     return out
