@@ -93,12 +93,12 @@ if not CUDA:
     torch.set_num_threads(1)  # one engine thread: steadier timings on a shared CPU
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
 ch = "08_system_2_agents_observability_feedback"
-# One engine for sections 6-8: a small KV pool (4 sequences of at most 576 tokens, 46 KB per token in fp32)
+# One engine for sections 6-8: a small KV pool (4 sequences of at most 640 tokens, 46 KB per token in fp32)
 # and a 256-token step budget keep the process far below Binder's memory limit.
 engine = Engine(
     "smollm2-135m-instruct",
     device="cuda" if CUDA else "cpu",
-    config=SchedulerConfig(max_model_len=576, max_num_seqs=4, max_num_batched_tokens=256),
+    config=SchedulerConfig(max_model_len=640, max_num_seqs=4, max_num_batched_tokens=256),
     kv_cache="paged",
     prefix_caching=True,
     linear="auto" if CUDA else "packed",  # packed: oneDNN weights only; "auto" would keep the plain ones too (+0.5 GB)
@@ -121,7 +121,8 @@ print(f"{len(retriever.docs)} documents; tools: {list(tools)}")
 #
 # First measure, before building on it. Each task's first call is asked of the model twice, greedily: with
 # the instructions alone (*unconstrained*), and with decoding constrained by a grammar to the call's JSON
-# schema (xgrammar, as in part 1's section 2). Three rates: the reply *parses* as a call; it names the
+# schema (xgrammar, as in part 1's section 2; this is the first call of the agent loop run below, so the cell
+# runs the whole loop and reads its first step). Three rates: the reply *parses* as a call; it names the
 # plan's *tool*; it is the plan's *call* in effect (a calculator input of the same value, a docs query whose
 # best document is the plan's).
 
@@ -130,19 +131,25 @@ print(f"{len(retriever.docs)} documents; tools: {list(tools)}")
 my_parsable_unconstrained = None  # your prediction: share of tasks where the bare model emits a parsable call
 
 tasks = list(agent.TASKS[: pick(4, len(agent.TASKS))])
-probe = {c: agent.first_calls(engine, tasks, tools, constrained=c, max_new_tokens=pick(24, 32)) for c in (False, True)}
+budget = pick(3, 4)
+probe = {"unconstrained": agent.first_calls(engine, tasks, tools, constrained=False, max_new_tokens=pick(16, 32))}
+# the constrained first call is the agent loop's first call: run the loop now, read its first step
+policy = agent.ModelPolicy(engine, tools, constrained=True, max_new_tokens=32)
+model_runs = agent.run_agents(tasks, policy, tools, max_calls=budget)
+probe["constrained"] = agent.call_rates([r.steps[0].text if r.steps else "" for r in model_runs], tasks, tools)
 print(f"{'decoding':<14}{'parses':>8}{'right tool':>12}{'right call':>12}   first reply")
-for c, p in probe.items():
-    name = "constrained" if c else "unconstrained"
+for name, p in probe.items():
     print(f"{name:<14}{p['parsable']:>8.0%}{p['right_tool']:>12.0%}{p['right_call']:>12.0%}   {p['texts'][0][:60]!r}")
-for t, a, b in zip(tasks, probe[False]["texts"], probe[True]["texts"]):
+for t, a, b in zip(tasks, probe["unconstrained"]["texts"], probe["constrained"]["texts"]):
     print(f"  {t['question'][:44]:<46} bare: {a[:34]!r:<38} constrained: {b[:52]!r}")
-compare_prediction("parsable calls, unconstrained", my_parsable_unconstrained, measured=probe[False]["parsable"])
-record(ch, "agent_parsable_unconstrained", probe[False]["parsable"], "share")
-record(ch, "agent_right_call_constrained", probe[True]["right_call"], "share")
+compare_prediction(
+    "parsable calls, unconstrained", my_parsable_unconstrained, measured=probe["unconstrained"]["parsable"]
+)
+record(ch, "agent_parsable_unconstrained", probe["unconstrained"]["parsable"], "share")
+record(ch, "agent_right_call_constrained", probe["constrained"]["right_call"], "share")
 model_can = claim(
     "SmolLM2-135M-Instruct emits a parsable tool call without a grammar on at least 80 % of the tasks",
-    probe[False]["parsable"],
+    probe["unconstrained"]["parsable"],
     at_least=0.8,
     why_not="a 135M model answers the question in prose instead of following the tool format",
 )
@@ -170,9 +177,6 @@ model_can = claim(
 # NBVAL_IGNORE_OUTPUT
 my_cached_share = None  # your prediction: share of a later call's prompt found in the prefix cache
 
-budget = pick(3, 4)
-policy = agent.ModelPolicy(engine, tools, constrained=True, max_new_tokens=32)
-model_runs = agent.run_agents(tasks, policy, tools, max_calls=budget)
 print(f"{'call':>4}{'requests':>9}{'tokens sent':>12}{'found cached':>13}{'prefilled':>10}{'seconds':>9}")
 for i, b in enumerate(policy.batches):
     print(f"{i:>4}{b['requests']:>9}{b['sent']:>12}{b['cached']:>13}{b['sent'] - b['cached']:>10}{b['seconds']:>9.2f}")
@@ -227,6 +231,9 @@ claim(
 )
 
 # %% [markdown]
+# Where the measured time bends above the dotted line, later calls cost more than the first: they prefill
+# their new tokens (the `prefilled` column) and attend over a longer history at every decoded token.
+#
 # ### What a step budget does
 #
 # The scripted policy solves each task with its plan and then answers, so a task with a plan of *L* calls
@@ -269,7 +276,7 @@ from course_lib.system import pipeline, tracing
 my_model_share = None  # your prediction: share of a request's time spent in prefill + decode
 
 questions = rag.load_questions()[: pick(3, 8)]
-max_new = pick(12, 24)
+max_new = pick(8, 24)
 app = pipeline.Pipeline(
     [pipeline.guard_stage(), pipeline.retrieve_stage(retriever, k=2), pipeline.generate_stage(engine, max_new)]
 )
@@ -566,14 +573,16 @@ ch08.check_agent_tokens(answer, first_prompt=140, per_step=60, calls=5)
 # <details><summary>Answer</summary>
 #
 # `answer = 5 * 140 + 60 * (0 + 1 + 2 + 3 + 4)` = 700 + 600 = 1300: call *i* sends 140 + 60·*i* tokens.
-# Twice the calls would send 2,800 + 60·45 = 5,500: the history term grows with the square of the calls,
+# Twice the calls would send 1,400 + 60·45 = 4,100, more than three times as many: the history term grows with
+# the square of the calls,
 # which is what a prefix cache takes back (it prefills only the 60 new tokens per call).
 # </details>
 #
 # ## Summary
 #
-# * An agent is a loop of requests: each call resends the history, so its tokens grow quadratically and its
-#   time about linearly with the calls when a prefix cache keeps the history. A step budget caps the cost;
+# * An agent is a loop of requests: each call resends the history, so the tokens it sends grow quadratically
+#   with the calls; a prefix cache keeps the history's blocks, so it prefills only what is new, and the time
+#   grows at least in proportion to the calls (section 6 measured by how much). A step budget caps the cost;
 #   a 135M model needs a grammar to emit a call at all, and then often calls the wrong thing.
 # * Traces (OpenTelemetry spans) say where one request's time went; metrics (Prometheus) summarise them all;
 #   alert on what users feel and what precedes it, with thresholds from a baseline.

@@ -116,6 +116,10 @@ def test_first_calls_rates():
     assert prose["parsable"] == 0 and prose["right_call"] == 0
     right = agent.first_calls(_Engine('{"tool": "calculator", "input": "41*37"}'), agent.TASKS[:2], TOOLS, True)
     assert right["parsable"] == 1 and right["right_tool"] == 1 and right["right_call"] == 0.5  # 41*37 = 37*41
+    rates = agent.call_rates(['{"tool": "docs", "input": "x"}', "no call"], agent.TASKS[:2], TOOLS)
+    assert rates["parsable"] == 0.5 and rates["right_tool"] == 0  # the plans start with the calculator
+    with pytest.raises(ValueError, match="texts"):
+        agent.call_rates(["one reply"], agent.TASKS[:2], TOOLS)
 
 
 def test_exercise_agent_tokens():

@@ -8,7 +8,7 @@ quadratically, unless a prefix cache keeps the history's KV blocks (then a step 
 ``ModelPolicy`` asks the engine for each call (optionally grammar-constrained to the call's schema), in
 lockstep over all unfinished tasks (one batch per step); ``ScriptedPolicy`` follows each task's known plan
 and costs no model time, the stand-in where the model is too small to choose its calls. ``first_calls``
-measures which one a model is. Introduced in 08_system_2_agents_observability_feedback.ipynb.
+and ``call_rates`` measure which one a model is. Introduced in 08_system_2_agents_observability_feedback.ipynb.
 """
 
 from __future__ import annotations
@@ -143,23 +143,29 @@ def run_agents(tasks, policy, tools: dict, max_calls: int = 4) -> list[AgentRun]
 
 
 def first_calls(engine, tasks, tools: dict, constrained: bool, max_new_tokens: int = 32) -> dict:
-    """The model's first call on each task: is it parsable, the plan's tool, and the plan's call in effect
-    (a calculator input of the same value, a docs query whose best document is the plan's)?"""
+    """The model's first call on each task, asked once (no loop), scored by ``call_rates``."""
     tasks = _tasks(tasks)
     policy = ModelPolicy(engine, tools, constrained, max_new_tokens)
     t0 = time.perf_counter()
-    decided = policy.decide([AgentRun(t) for t in tasks])
-    seconds = time.perf_counter() - t0
-    calls = [parse_tool_call(text, tools) for text, *_ in decided]
+    texts = [text for text, *_ in policy.decide([AgentRun(t) for t in tasks])]
+    return {**call_rates(texts, tasks, tools), "seconds": time.perf_counter() - t0}
+
+
+def call_rates(texts, tasks, tools: dict) -> dict:
+    """For each task's first reply in ``texts``: is it parsable, the plan's tool, and the plan's call in
+    effect (a calculator input of the same value, a docs query whose best document is the plan's)?"""
+    tasks = _tasks(tasks)
+    if not isinstance(texts, (list, tuple)) or len(texts) != len(tasks) or not all(isinstance(t, str) for t in texts):
+        raise ValueError(f"texts must be a list of {len(tasks)} strings, one reply per task")
+    calls = [parse_tool_call(text, tools) for text in texts]
     right_tool = [c is not None and c.tool == t["plan"][0][0] for c, t in zip(calls, tasks)]
     right = [ok and _same_effect(c, ToolCall(*t["plan"][0]), tools) for ok, c, t in zip(right_tool, calls, tasks)]
     n = len(tasks)
     return {
-        "texts": [text for text, *_ in decided],
+        "texts": list(texts),
         "parsable": sum(c is not None for c in calls) / n,
         "right_tool": sum(right_tool) / n,
         "right_call": sum(right) / n,
-        "seconds": seconds,
     }
 
 
