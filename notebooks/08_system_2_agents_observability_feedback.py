@@ -77,6 +77,7 @@ import numpy as np
 import torch
 
 import course_lib
+from course_lib.core import memory
 from course_lib.core.mode import pick
 from course_lib.engine import Engine, SchedulerConfig
 from course_lib.measure import hardware
@@ -93,12 +94,14 @@ if not CUDA:
     torch.set_num_threads(1)  # one engine thread: steadier timings on a shared CPU
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
 ch = "08_system_2_agents_observability_feedback"
-# One engine for sections 6-8: a small KV pool (4 sequences of at most 640 tokens, 46 KB per token in fp32)
+memory.return_large_blocks()  # freed tensors of a MB or more go back to the OS (RSS = memory in use)
+# One engine for sections 6-8: a small KV pool (3 sequences of at most 512 tokens in quick mode, 46 KB per token
+# in fp32)
 # and a 256-token step budget keep the process far below Binder's memory limit.
 engine = Engine(
     "smollm2-135m-instruct",
     device="cuda" if CUDA else "cpu",
-    config=SchedulerConfig(max_model_len=640, max_num_seqs=4, max_num_batched_tokens=256),
+    config=SchedulerConfig(max_model_len=pick(512, 640), max_num_seqs=pick(3, 4), max_num_batched_tokens=256),
     kv_cache="paged",
     prefix_caching=True,
     linear="auto" if CUDA else "packed",  # packed: oneDNN weights only; "auto" would keep the plain ones too (+0.5 GB)
@@ -130,7 +133,7 @@ print(f"{len(retriever.docs)} documents; tools: {list(tools)}")
 # NBVAL_IGNORE_OUTPUT
 my_parsable_unconstrained = None  # your prediction: share of tasks where the bare model emits a parsable call
 
-tasks = list(agent.TASKS[: pick(4, len(agent.TASKS))])
+tasks = list(agent.TASKS[: pick(3, len(agent.TASKS))])
 budget = pick(3, 4)
 probe = {"unconstrained": agent.first_calls(engine, tasks, tools, constrained=False, max_new_tokens=pick(16, 32))}
 # the constrained first call is the agent loop's first call: run the loop now, read its first step
@@ -336,6 +339,7 @@ with server.serve(tiny, max_queue=128) as handle:
     with monitoring.Poller(handle.url, interval_s=0.1) as poller:
         load = loadgen.run_load(handle.url, requests)
 del tiny
+memory.trim_heap()  # the tiny engine's and the server's freed memory back to the OS
 s = monitoring.series(poller.samples, window=5)  # 0.5 s windows
 t = np.array(s["t"])
 calib, steady, burst = t < burst_at / 2, (t >= burst_at / 2) & (t < burst_at), t >= burst_at
