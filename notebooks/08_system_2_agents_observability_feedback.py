@@ -279,7 +279,7 @@ from course_lib.system import pipeline, tracing
 my_model_share = None  # your prediction: share of a request's time spent in prefill + decode
 
 questions = rag.load_questions()[: pick(3, 8)]
-max_new = pick(8, 24)
+max_new = pick(12, 24)
 app = pipeline.Pipeline(
     [pipeline.guard_stage(), pipeline.retrieve_stage(retriever, k=2), pipeline.generate_stage(engine, max_new)]
 )
