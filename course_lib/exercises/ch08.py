@@ -1,5 +1,6 @@
 """Exercises of 08_system_1_context_guardrails_gateway.ipynb: the tokens a prefix cache can reuse, a guardrail's error
-rates from its confusion counts, and a re-measured TTFT cost of retrieved context on the learner's machine."""
+rates from its confusion counts, and a re-measured TTFT cost of retrieved context on the learner's machine; and of
+08_system_2_agents_observability_feedback.ipynb: the prompt tokens an agent's steps send."""
 
 from __future__ import annotations
 
@@ -66,4 +67,30 @@ def check_context_ttft_ratio(answer, engine, questions, retriever, k: int = 4) -
     )
 
 
-__all__ = ["check_context_ttft_ratio", "check_rates", "check_reusable_tokens", "reusable_tokens"]
+def agent_prompt_tokens(first_prompt: int, per_step: int, calls: int) -> int:
+    """Tokens an agent sends over ``calls`` model calls: the first prompt, then each call adds ``per_step``
+    (its own call and the tool's result) to the history that the next call sends again."""
+    _count("first_prompt", first_prompt)
+    _count("per_step", per_step)
+    if _count("calls", calls) < 1:
+        raise ValueError(f"calls must be an int >= 1, got {calls!r}")
+    return calls * first_prompt + per_step * calls * (calls - 1) // 2
+
+
+def check_agent_tokens(answer, first_prompt: int, per_step: int, calls: int) -> Verdict:
+    """Exercise 4: the prompt tokens ``calls`` agent steps send in all, no prefix cache (section 6)."""
+    if answer is not None and (isinstance(answer, bool) or not isinstance(answer, int)):
+        raise ValueError(f"answer must be an int (a number of tokens), got {answer!r}")
+    return check(
+        f"prompt tokens sent over {calls} calls (first prompt {first_prompt}, +{per_step} per step)",
+        answer,
+        agent_prompt_tokens(first_prompt, per_step, calls),
+        rtol=0.0,
+        hint="call i (from 0) sends first_prompt + i × per_step tokens: sum them (an arithmetic series).",
+    )
+
+
+__all__ = [
+    "agent_prompt_tokens", "check_agent_tokens", "check_context_ttft_ratio", "check_rates", "check_reusable_tokens",
+    "reusable_tokens",
+]  # fmt: skip
