@@ -1,5 +1,6 @@
 """Exercises of 08_system_1_context_guardrails_gateway.ipynb: the tokens a prefix cache can reuse, a guardrail's error
-rates from its confusion counts, and a re-measured TTFT cost of retrieved context on the learner's machine."""
+rates from its confusion counts, a re-measured TTFT cost of retrieved context on the learner's machine, and the
+API vs self-host break-even (Huyen, ch. 9: T ≤ p × N)."""
 
 from __future__ import annotations
 
@@ -66,4 +67,22 @@ def check_context_ttft_ratio(answer, engine, questions, retriever, k: int = 4) -
     )
 
 
-__all__ = ["check_context_ttft_ratio", "check_rates", "check_reusable_tokens", "reusable_tokens"]
+def check_break_even(answer, usd_per_hour: float, api_usd_per_request: float, hours_per_month: float = 730) -> Verdict:
+    """Exercise 4: requests a month from which one instance rented at ``usd_per_hour`` all month (T) costs no
+    more than an API charging ``api_usd_per_request`` (p): the N of T = p × N."""
+    for name, v in (("usd_per_hour", usd_per_hour), ("api_usd_per_request", api_usd_per_request),
+                    ("hours_per_month", hours_per_month)):  # fmt: skip
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"{name} must be a number > 0, got {v!r}")
+    if answer is not None and (isinstance(answer, bool) or not isinstance(answer, (int, float))):
+        raise ValueError(f"answer must be a number of requests a month, got {answer!r}")
+    return check(
+        "break-even requests a month (T = p × N)",
+        answer,
+        usd_per_hour * hours_per_month / api_usd_per_request,
+        rtol=0.01,
+        hint="T is the instance's MONTHLY bill (dollars per hour × hours in a month); N = T / p.",
+    )
+
+
+__all__ = ["check_break_even", "check_context_ttft_ratio", "check_rates", "check_reusable_tokens", "reusable_tokens"]
