@@ -560,17 +560,21 @@ record(ch, "gateway_p50_ms", own["p50_s"] * 1e3, "ms")
 claim("the gateway's own p50 is under 5 % of the chat model's bare TTFT", own["p50_s"] / ttft_bare, at_most=0.05)
 
 # %% [markdown]
-# Through a real network a gateway adds a hop (a fraction of a millisecond in one data centre, tens across
-# regions) on top of this. What it buys is in the ledger above: one place that knows who spent what on which
-# model, and that keeps answering when a backend does not. Note what the timeout cannot do: a timed-out call
-# keeps running on its backend (the course server aborts a request past its own `request_timeout_s`, and a
+# A measured ratio above the predicted one means the gateway costs more beside a real model than beside the
+# echo backend: the model runs on the gateway's worker thread, and the client, the event loop and that worker
+# compete for this machine's cores (on a busy machine, compare the p99s).
+#
+# Through a real network a gateway also adds a network hop, which this in-process client does not have. What
+# it buys is in the ledger above: one place that knows who spent what on which model, and that keeps
+# answering when a backend does not. Note what the timeout cannot do: a timed-out call keeps running on its
+# backend (the course server aborts a request past its own `request_timeout_s`, and a
 # gateway should pass its deadline on).
 #
 # ## 4 · Cost in money
 #
 # **Claim** (Huyen, ch. 9): a model's price per token is the machine's price per hour over the tokens it
-# produces in that hour; an API's price is per token from the first one. Self-hosting pays for itself once the
-# volume is large enough to keep a machine busy. First the price per token on each machine: this CPU
+# produces in that hour; an API's price is per token from the first one. Self-hosting can pay for itself once
+# the volume keeps a machine busy, and only if the machine's price per token at full load is below the API's. First the price per token on each machine: this CPU
 # (measured above) and an H200 (from `data/measurements/nvidia-h200.json`, recorded 2026-11-30: tiny-target's
 # output tokens per second through the course's engine on the sharegpt_like trace, 32 sequences at once; the
 # chat model was not measured there). Each at both ends of its instance's price range, beside an API's list
@@ -602,8 +606,9 @@ print(f"{api['name']}: ${api['input_usd_per_mtok']}/Mtok in, ${api['output_usd_p
 
 # %% [markdown]
 # Read the ranges as what they are: two third-party quotes of a price that changes (`checked: false` in the
-# file), not a measurement. The tokens-per-second column is measured at this chapter's small batch; a busy
-# server batches more and pays less per token (chapter 06).
+# file), not a measurement. The tokens-per-second column is measured at this chapter's small batch (4) on
+# one of this machine's two cores (`torch.set_num_threads(1)` above), priced as a whole 2-vCPU instance: a
+# busy server batches more, uses every core, and pays less per token (chapter 06); the table assumes neither.
 #
 # ### Break-even: API or self-host?
 #

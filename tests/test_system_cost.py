@@ -63,3 +63,19 @@ def test_exercise_break_even():
     with pytest.raises(ValueError, match="usd_per_hour"):
         ch08.check_break_even(1.0, -1, 5e-5)
     assert math.isfinite(C.break_even_requests(1.0, 1e-6))
+
+
+def test_a_slow_machine_fails_the_self_host_verdict():
+    from course_lib.measure.claims import claim
+
+    api = {"input_usd_per_mtok": 0.15, "output_usd_per_mtok": 0.60}
+    p = C.api_usd_per_request(api, 250, 100)
+    slow = C.Throughput(prefill_tok_s=10.0, decode_tok_s=1.0, batch=1, prompt_tokens=1, output_tokens=1)
+    per_request = 0.0832 * slow.request_seconds(250, 100) / 3600
+    assert not claim("self-hosting costs less per request than the API", per_request / p, at_most=1.0)
+    fast = C.Throughput(prefill_tok_s=1e4, decode_tok_s=1e3, batch=1, prompt_tokens=1, output_tokens=1)
+    assert claim(
+        "self-hosting costs less per request than the API",
+        0.0832 * fast.request_seconds(250, 100) / 3600 / p,
+        at_most=1.0,
+    )

@@ -121,3 +121,14 @@ def test_latency_interleaves_and_checks():
         G.latency({}, 3)
     with pytest.raises(ValueError, match="n must"):
         G.latency(lambda: None, 1)
+
+
+def test_a_slow_gateway_fails_the_latency_verdict():
+    from course_lib.measure.claims import claim
+
+    slow = G.FaultyBackend(G.EchoBackend(), slow_calls=set(range(10)), delay_s=0.02)
+    app = make({"code": slow, "chat": G.EchoBackend()})
+    with TestClient(app) as c:
+        own = G.latency(lambda: post(c, "def x", model="code"), 4)
+    assert own["p50_s"] >= 0.02
+    assert not claim("the gateway's own p50 is under 5 % of a 0.1 s TTFT", own["p50_s"] / 0.1, at_most=0.05)

@@ -90,3 +90,22 @@ def test_accuracy_and_an_everything_to_one_route_router_fails_the_claim():
     assert not claim("routes at least 80 % right", all_chat, at_least=0.8)
     with pytest.raises(ValueError, match="as long"):
         R.accuracy(["chat"], labels)
+
+
+def test_the_chapters_router_verdicts_fail_on_counter_examples():
+    reqs = R.load_requests()
+    train, test = R.split(reqs, 0.5, seed=0)
+    labels = [r["label"] for r in test]
+    rule_acc = R.accuracy([R.rule_route(r["text"]) for r in test], labels)
+    flipped = R.LogisticRouter().fit(
+        [r["text"] for r in train], ["chat" if r["label"] == "code" else "code" for r in train]
+    )
+    bad_acc = R.accuracy([flipped.route(r["text"]) for r in test], labels)
+    assert not claim("the classifier routes at least as accurately as the rule", bad_acc, at_least=rule_acc)
+    usd = [{"code": 1.0, "chat": 10.0}] * len(test)
+    rows = {r["policy"]: r for r in R.evaluate_policies({"all": ["chat"] * len(test), "oracle": labels}, labels, usd)}
+    assert rows["oracle"]["usd"] == sum(1.0 if lab == "code" else 10.0 for lab in labels)
+    assert rows["all"]["code_to_chat"] == labels.count("code") and rows["all"]["chat_to_code"] == 0
+    assert not claim("pays at most 1.2x the oracle", rows["all"]["usd"] / rows["oracle"]["usd"], at_most=1.2)
+    with pytest.raises(ValueError, match="usd"):
+        R.evaluate_policies({"all": ["chat"]}, ["chat"], [{"chat": 1.0}])

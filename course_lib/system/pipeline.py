@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,19 +112,18 @@ class Pipeline:
             bool(prefix_cache),
             max_new_tokens,
         )
-        self._n = 0
 
     def reset(self) -> None:
         if self.cache is not None:
             self.cache.reset()
-        self._n = 0
 
     def _prompt(self, route: str, text: str) -> str:
         engine = self.engines[route]
         if not getattr(engine.tokenizer, "chat_template", None):
             return text  # a code model continues the text itself
         docs = [h.doc for h in self.retriever.retrieve(text, self.k)] if self.retriever is not None else []
-        nonce = "" if self.prefix_cache else f"[request {self._n}] "  # a unique tag: no prefix block matches
+        # a tag unique to this request, in this run and any other: no prefix block matches
+        nonce = "" if self.prefix_cache else f"[request {uuid.uuid4().hex[:12]}] "
         return build_prompt(engine.tokenizer, text, docs, nonce=nonce)
 
     def handle(self, text: str) -> Served:
@@ -133,7 +133,6 @@ class Pipeline:
         route = self.router(text)
         if route not in self.engines:
             raise ValueError(f"router returned {route!r}, not one of {sorted(self.engines)}")
-        self._n += 1
         key = f"{route}\x00{text}"
         params = SamplingParams(max_new_tokens=self.max_new_tokens)
         if self.cache is not None:
