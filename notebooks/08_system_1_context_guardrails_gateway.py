@@ -78,6 +78,7 @@ if "google.colab" in sys.modules:
 import torch
 
 import course_lib
+from course_lib.core import memory
 from course_lib.core.mode import pick
 from course_lib.engine import Engine, SchedulerConfig
 from course_lib.measure import hardware
@@ -87,6 +88,7 @@ from course_lib.system import guard_eval, guardrails, rag
 from course_lib.system.retrieval import BM25Retriever, recall_at_k
 from course_lib.system.stdlib_corpus import FULL_EXTRA, QUICK_MODULES, build_corpus
 
+memory.return_large_blocks()  # freed tensors of a MB or more go back to the OS (RSS = memory in use)
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
 if not CUDA:
@@ -95,13 +97,14 @@ print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
 ch = "08_system_1_context_guardrails_gateway"
 # One engine for the whole chapter: a small KV pool (4 sequences of at most 768 tokens, 46 KB per token in
 # fp32) and a 256-token step budget keep the process far below Binder's memory limit.
+LINEAR = "auto" if CUDA else "packed"  # packed: oneDNN weights only; "auto" would keep the plain ones too (+0.5 GB)
 engine = Engine(
     "smollm2-135m-instruct",
     device="cuda" if CUDA else "cpu",
     config=SchedulerConfig(max_model_len=768, max_num_seqs=4, max_num_batched_tokens=256),
     kv_cache="paged",
     prefix_caching=True,
-    linear="auto" if CUDA else "packed",  # packed: oneDNN weights only; "auto" would keep the plain ones too (+0.5 GB)
+    linear=LINEAR,
 )
 questions = rag.load_questions()
 n_questions = pick(6, len(questions))
@@ -396,7 +399,8 @@ from course_lib.system import cost as money
 from course_lib.system import gateway
 from course_lib.system import router as rt
 
-code_engine = Engine("tiny-target", config=SchedulerConfig(max_model_len=256, max_num_seqs=4))
+memory.trim_heap()  # what sections 1-2 freed goes back to the OS before the second model loads
+code_engine = Engine("tiny-target", config=SchedulerConfig(max_model_len=256, max_num_seqs=4), linear=LINEAR)
 mix = rt.load_requests()
 code_texts = [r["text"] for r in mix if r["label"] == "code"]
 chat_texts = [r["text"] for r in mix if r["label"] == "chat"]
