@@ -385,8 +385,8 @@ else:
 #
 # The gateway bills in dollars, so first each backend's price: a machine rented by the hour costs
 # `$/h ÷ (3600 × tokens/s)` per token while it is busy (section 4 takes this apart). Prefill and decode run
-# at very different rates (chapter 01), so the two are measured apart, from one batched run of 4 requests
-# each (the engine's batch here: a server with larger batches gets more tokens per second from the same
+# at very different rates (chapter 01), so the two are measured apart, from one batched run of 4 requests per
+# backend (the engine's batch here: a server with larger batches gets more tokens per second from the same
 # machine), and priced apart, as APIs price input and output tokens. The instance price is a 2-vCPU cloud
 # instance's, read from `data/system/prices.json` (sources and dates in the file); the dearer end of its range
 # is used.
