@@ -562,7 +562,7 @@ for order in ("A", None):
 #
 # ## 10 · Exercise
 #
-# **Exercise 4.** An agent's first call sends 140 prompt tokens, and each step adds 60 (its call and the
+# **Exercise 1.** An agent's first call sends 140 prompt tokens, and each step adds 60 (its call and the
 # tool's result) to the history every later call sends again. Without a prefix cache, how many prompt
 # tokens do 5 calls send in all?
 

@@ -1,6 +1,7 @@
 """Exercises of 08_system_1_context_guardrails_gateway.ipynb: the tokens a prefix cache can reuse, a guardrail's error
-rates from its confusion counts, and a re-measured TTFT cost of retrieved context on the learner's machine; and of
-08_system_2_agents_observability_feedback.ipynb: the prompt tokens an agent's steps send."""
+rates from its confusion counts, a re-measured TTFT cost of retrieved context on the learner's machine, and the
+API vs self-host break-even (Huyen, ch. 9: T ≤ p × N); and of 08_system_2_agents_observability_feedback.ipynb:
+the prompt tokens an agent's steps send."""
 
 from __future__ import annotations
 
@@ -67,6 +68,24 @@ def check_context_ttft_ratio(answer, engine, questions, retriever, k: int = 4) -
     )
 
 
+def check_break_even(answer, usd_per_hour: float, api_usd_per_request: float, hours_per_month: float = 730) -> Verdict:
+    """Exercise 4: requests a month from which one instance rented at ``usd_per_hour`` all month (T) costs no
+    more than an API charging ``api_usd_per_request`` (p): the N of T = p × N."""
+    for name, v in (("usd_per_hour", usd_per_hour), ("api_usd_per_request", api_usd_per_request),
+                    ("hours_per_month", hours_per_month)):  # fmt: skip
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"{name} must be a number > 0, got {v!r}")
+    if answer is not None and (isinstance(answer, bool) or not isinstance(answer, (int, float))):
+        raise ValueError(f"answer must be a number of requests a month, got {answer!r}")
+    return check(
+        "break-even requests a month (T = p × N)",
+        answer,
+        usd_per_hour * hours_per_month / api_usd_per_request,
+        rtol=0.01,
+        hint="T is the instance's MONTHLY bill (dollars per hour × hours in a month); N = T / p.",
+    )
+
+
 def agent_prompt_tokens(first_prompt: int, per_step: int, calls: int) -> int:
     """Tokens an agent sends over ``calls`` model calls: the first prompt, then each call adds ``per_step``
     (its own call and the tool's result) to the history that the next call sends again."""
@@ -78,7 +97,7 @@ def agent_prompt_tokens(first_prompt: int, per_step: int, calls: int) -> int:
 
 
 def check_agent_tokens(answer, first_prompt: int, per_step: int, calls: int) -> Verdict:
-    """Exercise 4: the prompt tokens ``calls`` agent steps send in all, no prefix cache (section 6)."""
+    """Part 2, exercise 1: the prompt tokens ``calls`` agent steps send in all, no prefix cache (section 6)."""
     if answer is not None and (isinstance(answer, bool) or not isinstance(answer, int)):
         raise ValueError(f"answer must be an int (a number of tokens), got {answer!r}")
     return check(
@@ -91,6 +110,6 @@ def check_agent_tokens(answer, first_prompt: int, per_step: int, calls: int) -> 
 
 
 __all__ = [
-    "agent_prompt_tokens", "check_agent_tokens", "check_context_ttft_ratio", "check_rates", "check_reusable_tokens",
-    "reusable_tokens",
+    "agent_prompt_tokens", "check_agent_tokens", "check_break_even", "check_context_ttft_ratio", "check_rates",
+    "check_reusable_tokens", "reusable_tokens",
 ]  # fmt: skip
