@@ -763,8 +763,8 @@ ch05.check_kv_bytes_per_token(answer, "llama-3-8b", "bf16")
 # MHA it would be 4× more.
 # </details>
 #
-# **Exercise 2.** How many 8192-token requests of Llama-3-8B fit on one H100 SXM (80 GB) next to its bf16
-# weights, using 90% of the memory? (`formulas.kv_gb`, `ModelShape.from_name(...)`, or the explorer.)
+# **Exercise 2.** How many 8192-token requests of Llama-3-8B fit on one H100 SXM (its "80GB" is 80 GiB =
+# 80 · 2³⁰ bytes, the unit memory is sold in) next to its bf16 weights, using 90% of the memory? (`formulas.kv_gb`, `ModelShape.from_name(...)`, or the explorer.)
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -777,7 +777,7 @@ ch05.check_fit_requests(answer, "llama-3-8b", "H100 SXM", 8192)
 # ```python
 # from course_lib.models.accounting import weight_bytes
 # shape = ModelShape.from_name("llama-3-8b")
-# answer = int((0.9 * 80e9 - weight_bytes(shape, "bf16")) // (kv_bytes_per_token(shape, "bf16") * 8192))
+# answer = int((0.9 * 80 * 2**30 - weight_bytes(shape, "bf16")) // (kv_bytes_per_token(shape, "bf16") * 8192))
 # ```
 # `formulas.fit_requests("llama-3-8b", "H100 SXM", "bf16", 8192)` computes the same.
 # </details>
