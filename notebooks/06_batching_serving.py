@@ -544,6 +544,7 @@ _ = record(ch, "prefix_cache_ttft_cut", cut, "x")
 # %%
 # NBVAL_IGNORE_OUTPUT
 from course_lib.serving import disagg  # noqa: E402
+from course_lib.serving.disagg.simulate import prefill_capacity_rps  # noqa: E402
 from course_lib.serving.workload import Request  # noqa: E402
 
 reqs = [Request(tuple(pool[i * 50 : i * 50 + 40 + 10 * i]), 16) for i in range(pick(4, 12))]
@@ -581,7 +582,7 @@ rows = disagg.sweep_rates(
 display(disagg.plot_disagg_sweep(rows, slo=slo_d))
 for setup in dict.fromkeys(r["setup"] for r in rows):
     print(f"{setup}: max goodput per GPU at 90% SLO attainment: {disagg.max_goodput_per_gpu(rows, setup):.2f} req/s")
-cap = disagg.prefill_capacity_rps(cfg_d)
+cap = prefill_capacity_rps(cfg_d)
 top = max(r["rate"] for r in rows)
 print(
     f"one prefill GPU computes at most {cap:.0f} prompts/s of {cfg_d.prompt_len} tokens; the sweep stops at {top:.0f} "
