@@ -494,6 +494,37 @@ mini = uptraining.uptrain(
 print("train loss per step:", " ".join(f"{x:.2f}" for x in mini["train_loss"]))
 
 # %% [markdown]
+# ### Past fewer heads: a latent KV (MLA) and layers that share one (CLA)
+#
+# GQA shrinks the cache by caching fewer heads. **Multi-head Latent Attention** (MLA, DeepSeek-V2, 2024) caches
+# no heads at all: per token and layer it stores one compressed latent (`kv_lora_rank` numbers) from which
+# every head's K and V are re-projected, plus one small RoPE key all heads share. **Cross-Layer Attention**
+# (CLA, Brandon et al. 2024) lets adjacent layers reuse one layer's K/V, dividing any of these by the sharing
+# factor. The accounting, per token, for DeepSeek-V2's published config:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from course_lib.kv import latent  # noqa: E402
+
+ds = latent.DEEPSEEK_V2
+mla_b, mha_b = 2 * latent.mla_elements_per_token(ds), 2 * latent.mha_elements_per_token(ds)  # bf16: 2 B each
+print(
+    f"{ds.name}: {ds.num_layers} layers, {ds.num_heads} heads, kv_lora_rank {ds.kv_lora_rank}, "
+    f"rope dim {ds.qk_rope_head_dim}"
+)
+print(f"  MHA of the same heads would cache {mha_b / 1024:,.0f} KiB per token (bf16)")
+print(
+    f"  MLA caches {mla_b / 1024:,.1f} KiB per token: {mha_b / mla_b:.0f}× less, as much as GQA with "
+    f"{latent.gqa_equivalent_groups(ds):.2f} KV heads"
+)
+print(f"  MLA + CLA sharing over 2 layers: {latent.cross_layer_bytes(mla_b, 2) / 1024:,.1f} KiB per token")
+print(f"  a 128k-token conversation: MHA {mha_b * 131072 / 1e9:,.0f} GB, MLA {mla_b * 131072 / 1e9:,.1f} GB")
+
+# %% [markdown]
+# The price is compute: each decode step re-projects the latent into every head's K and V (or, as DeepSeek
+# does, folds the up-projection into the query and output projections), so MLA trades the bytes a decode step
+# reads for FLOPs, the right trade where decode is bandwidth-bound.
+#
 # ## 4 · FlashAttention
 #
 # Naive attention computes the (T × T) score matrix S = QKᵀ/√d, writes it to memory, reads it back for the

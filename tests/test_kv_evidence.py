@@ -85,3 +85,21 @@ def test_explorer_says_weights_and_kv_share_the_dtype_and_uses_one_unit():
 
     _, text = draw_kv("llama-2-7b", "H100 SXM", "fp8", 4096, 1)
     assert "weights and KV cache both in fp8" in text and "85.9 GB" in text
+
+
+def test_mla_accounting_for_deepseek_v2():
+    from course_lib.kv.latent import (
+        DEEPSEEK_V2,
+        MLAConfig,
+        cross_layer_bytes,
+        gqa_equivalent_groups,
+        mha_elements_per_token,
+        mla_elements_per_token,
+    )
+
+    assert mla_elements_per_token(DEEPSEEK_V2) == 60 * 576  # 34,560 elements: 69,120 B in bf16
+    assert mha_elements_per_token(DEEPSEEK_V2) == 60 * 128 * 320
+    assert gqa_equivalent_groups(DEEPSEEK_V2) == 2.25  # the paper's "equal to GQA with only 2.25 groups"
+    assert cross_layer_bytes(1000, 2) == 500
+    with pytest.raises(ValueError, match="kv_lora_rank"):
+        MLAConfig("x", 1, 1, 1, 1, 1, 0)

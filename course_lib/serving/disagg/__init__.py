@@ -35,7 +35,6 @@ from course_lib.serving.disagg.plot import plot_disagg_sweep
 from course_lib.serving.disagg.run import ServingRun
 from course_lib.serving.disagg.server import DisaggregatedServer, WorkerError
 from course_lib.serving.disagg.simulate import SimConfig, SimResult, simulate_colocated, simulate_disaggregated
-from course_lib.serving.disagg.simulate import prefill_capacity_rps  # TEMP
 from course_lib.serving.disagg.sweep import max_goodput_per_gpu, sweep_rates
 
 __all__ = [
@@ -52,7 +51,6 @@ __all__ = [
     "link_gbps",
     "max_goodput_per_gpu",
     "plot_disagg_sweep",
-    "prefill_capacity_rps",
     "serve_colocated",
     "simulate_colocated",
     "simulate_disaggregated",
