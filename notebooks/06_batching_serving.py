@@ -551,7 +551,9 @@ _ = record(ch, "prefix_cache_ttft_cut", cut, "x")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+
 from course_lib.serving import disagg  # noqa: E402
+from course_lib.serving.disagg.handover import transfer_s  # noqa: E402
 from course_lib.serving.disagg.simulate import prefill_capacity_rps  # noqa: E402
 from course_lib.serving.workload import Request  # noqa: E402
 
@@ -567,7 +569,14 @@ print(f"KV shipped: {split.transfer_bytes():,} bytes (formula 2·layers·kv_head
 t = split.transfers[0]
 print(
     f"first request: {t.bytes:,} B in {t.seconds * 1e3:.1f} ms here (queueing included); predicted over NVLink 4 "
-    f"{t.predicted_s('nvlink4') * 1e6:.1f} µs, over InfiniBand NDR {t.predicted_s('infiniband_ndr') * 1e6:.1f} µs"
+    f"{t.predicted_s('nvlink4') * 1e6:.1f} µs, over InfiniBand NDR {t.predicted_s('infiniband_ndr') * 1e6:.1f} µs "
+    "(each: the link's 5 µs message latency, data/interconnects.json, plus bytes ÷ bandwidth)"
+)
+big_kv = disagg.kv_transfer_bytes(32, 8, 128, 2, 2048)  # Llama-3-8B, bf16, a 2,048-token prompt
+print(
+    f"the transfer that matters: a 2,048-token Llama-3-8B prompt's KV is {big_kv / 1e6:,.0f} MB → "
+    f"{transfer_s(big_kv, 'infiniband_ndr') * 1e3:.1f} ms over InfiniBand NDR, "
+    f"{transfer_s(big_kv, 'nvlink4') * 1e3:.2f} ms over NVLink 4"
 )
 
 # %% [markdown]
