@@ -374,6 +374,43 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# ### A steady-state load sweep
+#
+# Thirty-two requests that start on an empty server and end when it drains mix the warm-up and the tail into
+# every percentile. A serving benchmark measures a steady state instead: a long Poisson stream at each rate,
+# counted only once the queue has filled. The simulator affords that at GPU scale (the H100 roofline of
+# Llama-3-8B again, 64 slots): below capacity, throughput equals the offered load; past it, throughput
+# flattens while TTFT grows with the queue, and TPOT stops rising once every slot is busy.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from course_lib.serving.steady_state import plot_steady, saturation_rate, steady_sweep  # noqa: E402
+
+steady = steady_sweep(
+    gpu_cost,
+    SchedulerConfig(max_num_seqs=64, max_model_len=2048),
+    pick([10, 30, 60, 90, 120], [10, 20, 40, 60, 80, 90, 100, 120, 150]),
+    n_requests=pick(300, 1000),
+    prompt_mean=256,
+    prompt_max=1024,
+    output_mean=128,
+    output_max=512,
+)
+for p in steady:
+    print(
+        f"{p.rate:>5.0f} req/s: offered {p.offered_tok_s:7,.0f} tok/s, delivered {p.throughput_tok_s:7,.0f}, "
+        f"p99 TPOT {p.tpot_p99_s * 1e3:5.2f} ms, p99 TTFT {p.ttft_p99_s * 1e3:8.1f} ms ({p.requests} requests counted)"
+    )
+sat_rate = saturation_rate(steady)
+print(
+    f"saturated from {sat_rate:.0f} req/s on (delivered < 90% of offered)"
+    if sat_rate
+    else "no swept rate saturated the server: extend the rates"
+)
+plot_steady(steady)
+plt.show()
+
+# %% [markdown]
 # ## 3 · How far to trust the simulator
 #
 # The simulator runs the engine's own `Scheduler` over the real KV bookkeeping, and replaces each forward pass

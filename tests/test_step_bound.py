@@ -83,3 +83,20 @@ def test_roofline_cost_model_describes_itself_without_nan():
 
     text = roofline_cost_model("llama-3-8b", "H100 SXM", "bf16").describe()
     assert "nan" not in text and "0 points" not in text and "not fitted" in text
+
+
+def test_steady_sweep_saturates_past_capacity():
+    from course_lib.engine import SchedulerConfig
+    from course_lib.serving.simulator import roofline_cost_model
+    from course_lib.serving.steady_state import SteadyPoint, saturation_rate, steady_sweep
+
+    c = roofline_cost_model("llama-3-8b", "H100 SXM", "bf16")
+    pts = steady_sweep(c, SchedulerConfig(max_num_seqs=16, max_model_len=1024), [5, 200], n_requests=120)
+    low, high = pts
+    assert low.throughput_tok_s == pytest.approx(low.offered_tok_s, rel=0.25)  # below capacity: follows the load
+    assert high.throughput_tok_s < 0.9 * high.offered_tok_s and high.ttft_p99_s > 5 * low.ttft_p99_s
+    assert saturation_rate(pts) == 200
+    fine = [SteadyPoint(r, 100.0 * r, 100.0 * r, 0.01, 0.02, 10) for r in (1, 2)]
+    assert saturation_rate(fine) is None  # a counter-example: nothing saturated
+    with pytest.raises(ValueError, match="rates"):
+        steady_sweep(c, SchedulerConfig(max_model_len=64), [0])
