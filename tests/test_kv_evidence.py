@@ -3,6 +3,7 @@ gap classified from the rows, the paged engine's measured waste against the bloc
 GPU FlashAttention case summarised, and the figure fixes."""
 
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -103,3 +104,25 @@ def test_mla_accounting_for_deepseek_v2():
     assert cross_layer_bytes(1000, 2) == 500
     with pytest.raises(ValueError, match="kv_lora_rank"):
         MLAConfig("x", 1, 1, 1, 1, 1, 0)
+
+
+def test_window_mask_and_bytes():
+    from course_lib.kv.sliding_window import kv_bytes, window_mask, window_perplexity
+
+    m = window_mask(6, 2, sinks=1)
+    assert m[5].tolist() == [True, False, False, False, True, True]  # the sink, then the last 2
+    assert window_mask(4, None).equal(torch.ones(4, 4, dtype=torch.bool).tril())
+    assert kv_bytes(100, 8192, 512, 4) == 100 * 516 and kv_bytes(100, 300, 512, 4) == 100 * 300
+    with pytest.raises(ValueError, match="window"):
+        window_mask(4, 0)
+    from course_lib.models.load import load_model
+    from course_lib.serving import prompt_pool
+
+    model, tok = load_model("tiny-target")
+    ids = torch.tensor(prompt_pool(tok, 96)[:96])
+    full = window_perplexity(model, ids, None)
+    with torch.inference_mode():  # the 4D mask with full attention is the model's own causal forward
+        logits = model(input_ids=ids[None]).logits[0, :-1]
+    ref = math.exp(float(torch.nn.functional.cross_entropy(logits, ids[1:])))
+    assert full == pytest.approx(ref, rel=1e-5)
+    assert window_perplexity(model, ids, 4) > full  # a 4-token window loses context: the mask took effect
