@@ -113,7 +113,8 @@ def kv_explorer(default_model: str = "llama-2-7b", default_gpu: str = "H100 SXM"
     controls = {
         "model": widgets.Dropdown(options=sorted(PRESETS), value=default_model, description="model"),
         "gpu": widgets.Dropdown(options=list(gpu_names()), value=default_gpu, description="GPU"),
-        "dtype": widgets.Dropdown(options=list(KV_DTYPES), value="bf16", description="weights+KV"),
+        # the dtype of the weights and of the KV cache both (the text under the plot says so)
+        "dtype": widgets.Dropdown(options=list(KV_DTYPES), value="bf16", description="dtype"),
         "context": widgets.SelectionSlider(options=list(CONTEXTS), value=4096, description="context"),
         "batch": widgets.SelectionSlider(options=list(BATCHES), value=1, description="batch"),
     }
