@@ -1,5 +1,6 @@
 """Response caches in front of the engine: exact (LRU) and semantic (threshold), stats, false-hit curve."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -36,13 +37,25 @@ def test_exact_hits_normalisation_params_and_stats():
     c = ExactCache(capacity=4)
     assert c.get("def f():", GREEDY) is None
     c.put("def f():", GREEDY, "pass")
-    assert c.get("  def   f():\n", GREEDY) == "pass"  # whitespace normalised
+    assert c.get("def f():", GREEDY) == "pass"
     assert c.get("def F():", GREEDY) is None  # case kept: code is case-sensitive
     assert c.get("def f():", SamplingParams(max_new_tokens=5)) is None  # other params, other entry
     assert (c.stats.hits, c.stats.misses) == (1, 3) and c.stats.hit_rate == 0.25
     assert ExactCache(lowercase=True).key("DEF f()") == ExactCache(lowercase=True).key("def f()")
     c.reset()
     assert len(c) == 0 and c.stats.lookups == 0
+
+
+def test_exact_cache_keeps_whitespace():
+    """Exact means exact: Python that differs only in indentation is another program, another entry."""
+    c = ExactCache()
+    c.put("if x:\n    y()\nz()", GREEDY, "a")
+    assert c.get("if x:\n    y()\n    z()", GREEDY) is None  # z() inside the if: another program
+    assert c.get("  if x:\n    y()\nz()", GREEDY) is None
+    assert c.get("if x:\n    y()\nz()", GREEDY) == "a"
+    assert c.get("cafe\u0301", GREEDY) is None and ExactCache().key("caf\u00e9") == ExactCache().key("cafe\u0301")
+    loose = ExactCache(collapse_whitespace=True)  # the opt-in for prose
+    assert loose.key("  a   b\n") == loose.key("a b")
 
 
 def test_exact_lru_eviction():
@@ -112,10 +125,25 @@ def test_hidden_state_embedder_matches_hf_and_cached_engine(target):
         hf = target.hf_model(**ids, output_hidden_states=True).hidden_states[-1][0].mean(0)
     assert torch.nn.functional.cosine_similarity(hf, v[0], dim=0) > 1 - 1e-5
     ce = CachedEngine(target, ExactCache())
-    out = ce.generate(["def f(x):", "def  f(x):"], GREEDY)
+    out = ce.generate(["def f(x):", "def f(x):"], GREEDY)
     assert [r.hit for r in out] == [False, True] and out[0].text == out[1].text
     assert ce.stats.hit_rate == 0.5
     cmp = compare_latency(target, ExactCache(), ["def g():", "def g():"], GREEDY)
     assert cmp.hits == [False, True] and cmp.cached_s[1] < cmp.uncached_s[1]
     curve = threshold_curve(emb, LABELLED_PAIRS, [0.9, 0.99])
     assert len(curve) == 2
+
+
+def test_zipf_mix_repeats_follow_the_distribution():
+    from course_lib.serving.response_cache import expected_hit_rate, zipf_mix
+
+    prompts = [f"def task_{i}(x):" for i in range(40)]
+    rates = []
+    for seed in range(30):
+        mix = zipf_mix(prompts, 60, 1.1, seed)
+        rates.append(1 - len(set(mix)) / len(mix))  # an unbounded exact cache's hit rate on the mix
+    assert abs(np.mean(rates) - expected_hit_rate(40, 60, 1.1)) < 0.03
+    assert np.std(rates) > 0  # the draw decides, not the input
+    assert expected_hit_rate(40, 60, 0.0) < expected_hit_rate(40, 60, 2.0)
+    with pytest.raises(ValueError, match="exponent"):
+        zipf_mix(prompts, 5, -1)

@@ -2,6 +2,7 @@
 KV capacity checks, and the scheduler's invariants under randomized traces: every request ends, no
 budget is exceeded, and each request's greedy tokens equal that request run alone."""
 
+import dataclasses
 import itertools
 import math
 
@@ -186,11 +187,11 @@ def test_invariants_under_random_traces(model, requests_and_alone, policy, preem
     schedule = sch.schedule
 
     def spy(now=None):
-        running_before = list(sch.running)
+        running_before, open_before = list(sch.running), sch.batch_open
         batch = schedule(now=clock["now"])
         admitted = [s for s in batch.seqs if not any(s is r for r in running_before)]
-        if policy != "continuous" and running_before:
-            assert not admitted, "static/dynamic admitted a request while a batch ran"
+        if policy != "continuous" and running_before and not open_before:
+            assert not admitted, "static/dynamic admitted a request into a closed batch"
         assert batch.total_tokens <= max_tokens and len(batch) <= max_seqs and len(sch.running) <= max_seqs
         assert all(n > 0 for n in batch.num_tokens) and len({id(s) for s in batch.seqs}) == len(batch)
         return batch
@@ -247,3 +248,48 @@ def test_the_traces_exercised_preemption_swapping_and_prefix_hits():
         assert sum(v["preemptions"] for k, v in TRACE_STATS.items() if k[1] == mode) > 0, mode
     assert sum(v["prefix_hits"] for v in TRACE_STATS.values()) > 0
     assert sum(v["chunks"] for k, v in TRACE_STATS.items() if k[2]) > 0  # some prompts were cut into chunks
+
+
+def _static_batch_sizes(config: SchedulerConfig, prompt_lens, output_lens) -> list[int]:
+    """Drive the scheduler alone (the simulator's bookkeeping backend, no model) with every request waiting
+    at t = 0, and return how many requests each static batch took."""
+    from course_lib.serving.simulator.backends import sim_backend
+
+    cfg = dataclasses.replace(config, max_model_len=max(p + m for p, m in zip(prompt_lens, output_lens)) + 1)
+    sch = Scheduler(cfg, sim_backend(cfg))
+    for i, (p, m) in enumerate(zip(prompt_lens, output_lens)):
+        sch.add(Sequence(i, list(range(p)), SamplingParams(max_new_tokens=m, ignore_eos=True), arrival=0.0))
+    sizes, members = [], set()
+    for _ in range(10_000):
+        if not sch.has_unfinished():
+            break
+        if not sch.running and members:
+            sizes.append(len(members))
+            members = set()
+        batch = sch.schedule(now=0.0)
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            members.add(seq.request_id)
+            seq.num_cached_tokens += n
+            if seq.num_cached_tokens == seq.num_tokens:  # prompt done (or a decode token): one new token
+                seq.token_ids.append(0)
+                if seq.num_output_tokens >= seq.params.max_new_tokens:
+                    sch.finish(seq, "length", 0.0)
+    sizes.append(len(members))
+    return sizes
+
+
+def test_static_batch_fills_max_num_seqs_past_the_token_budget():
+    """A counter-example for the old static admission (which stopped once the step's 2,048 tokens were spent):
+    32 waiting prompts of 121 tokens need 3,872 prefill tokens, and the batch must still hold all 32."""
+    cfg = SchedulerConfig(policy="static", max_num_seqs=32, max_num_batched_tokens=2048)
+    assert _static_batch_sizes(cfg, [121] * 64, [5] * 64) == [32, 32]
+    for chunked in (True, False):  # without chunking, the later members prefill in the next steps
+        cfg = SchedulerConfig(policy="static", max_num_seqs=8, max_num_batched_tokens=100, chunked_prefill=chunked)
+        assert _static_batch_sizes(cfg, [60] * 16, [3] * 16) == [8, 8]
+    cfg = SchedulerConfig(policy="dynamic", max_num_seqs=8, max_num_batched_tokens=100)
+    assert _static_batch_sizes(cfg, [60] * 16, [3] * 16) == [8, 8]
+
+
+def test_static_batch_closes_when_the_queue_empties():
+    cfg = SchedulerConfig(policy="static", max_num_seqs=8)
+    assert _static_batch_sizes(cfg, [10] * 3, [4] * 3) == [3]

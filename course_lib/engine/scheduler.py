@@ -3,8 +3,10 @@
 Every step gets a token budget (``max_num_batched_tokens``) and a sequence budget (``max_num_seqs``).
 Running sequences come first: one token each if decoding, the rest of their prompt if a chunked
 prefill is under way. Then waiting requests are admitted while the budgets and the KV storage allow:
-- ``static`` (request-level batching): admit only when nothing runs, so a batch runs until its last
-  request ends and newcomers wait for all of it;
+- ``static`` (request-level batching): a batch starts only when nothing runs and takes up to
+  ``max_num_seqs`` of the requests waiting then (its prefill spread over as many steps as the token budget
+  needs, chunked if a prompt straddles the budget); it runs until its last request ends and newcomers wait
+  for all of it;
 - ``dynamic`` (dynamic batching, as in Triton Inference Server / TF Serving): like static, but an empty
   engine starts a batch only once ``max_num_seqs`` requests wait or the oldest has waited ``max_wait_s``
   (a fuller batch for a bounded extra delay);
@@ -112,6 +114,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0  # every preemption so far, recompute or swap
+        # static/dynamic: True while the batch that started at an empty engine still takes the requests that
+        # waited (it fills max_num_seqs even when the token budget spreads its prefill over several steps)
+        self.batch_open = False
+        self._batch_admitted = 0  # requests the current static/dynamic batch has taken (its size so far)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -132,7 +138,7 @@ class Scheduler:
         if cfg.policy == "continuous":
             return 0.0
         if self.running:
-            return math.inf
+            return 0.0 if self.batch_open else math.inf
         if cfg.policy == "static" or len(self.waiting) >= cfg.max_num_seqs:
             return 0.0
         now = time.perf_counter() if now is None else now
@@ -170,10 +176,16 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_tokens.append(n)
             budget -= n
-        # 2. admit waiting requests (static, dynamic: only into an empty engine, dynamic only once it is worth it)
+        # 2. admit waiting requests (static, dynamic: a batch starts only in an empty engine, dynamic only once
+        # it is worth it, and it keeps taking waiting requests until it holds max_num_seqs or the queue is empty)
+        if cfg.policy != "continuous" and not self.running:
+            self.batch_open, self._batch_admitted = True, 0
         if self.wait_time(now) > 0:
             return batch
+        refused = False
         while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            if cfg.policy != "continuous" and self._batch_admitted >= cfg.max_num_seqs:
+                break  # a static batch is full once it has taken max_num_seqs, even if some finished already
             seq = self.waiting[0]
             swapped = seq.status is SequenceStatus.SWAPPED
             start = seq.num_cached_tokens if swapped else (kv.match_prefix(seq.token_ids) if prefix else 0)
@@ -189,6 +201,7 @@ class Scheduler:
             else:
                 fits = kv.can_allocate(n)
             if not fits:
+                refused = True
                 break
             self.waiting.popleft()
             if swapped:
@@ -204,9 +217,13 @@ class Scheduler:
             if seq.first_scheduled is None:  # the end of its queue time
                 seq.first_scheduled = time.perf_counter() if now is None else now
             self.running.append(seq)
+            self._batch_admitted += 1
             batch.seqs.append(seq)
             batch.num_tokens.append(n)
             budget -= n
+        if cfg.policy != "continuous":  # the batch closes once full, once nobody waits, or once the KV is full
+            full = self._batch_admitted >= cfg.max_num_seqs or len(self.running) >= cfg.max_num_seqs
+            self.batch_open = bool(self.waiting) and not full and not refused
         return batch
 
     def _preempt_newest(self, exclude: list[Sequence]) -> Sequence | None:

@@ -65,11 +65,13 @@ def check_continuous_gain(answer, engine, trace, max_num_seqs: int = 16) -> Verd
             p: run_real(engine, trace, SchedulerConfig(policy=p, max_num_seqs=max_num_seqs)).throughput
             for p in ("continuous", "static")
         }
-        return tput["continuous"] / tput["static"]
+        return tput["continuous"] / tput["static"] - 1
 
-    return check_measurement(
-        "continuous ÷ static throughput",
-        answer,
+    if answer is not None and (isinstance(answer, bool) or not isinstance(answer, (int, float))):
+        raise ValueError(f"answer must be a number (a ratio of throughputs), got {answer!r}")
+    return check_measurement(  # the gain above 1 within 35%: a ratio of 1.0 ("no gain") fails a real gain
+        "continuous ÷ static throughput − 1 (the gain above none)",
+        None if answer is None else answer - 1,
         measure,
         unit="x",
         hint="run_real(engine, trace, SchedulerConfig(policy=p, max_num_seqs=16)).throughput for both policies",

@@ -53,7 +53,8 @@ def draw_kv(model, gpu, dtype: str, context: int, batch: int) -> tuple[Figure, s
         f"{shape.name} {dtype} on {spec.name}: KV cache = 2 x {shape.num_layers} layers x {shape.num_kv_heads} "
         f"KV heads x {shape.head_dim} head_dim x {elem:g} B = {per_token / 1024:g} KiB per token ({kind}{group})",
         f"  {batch} request(s) x {context:,} tokens: KV cache {kv:,.2f} GB + weights {weights:,.2f} GB = "
-        f"{kv + weights:,.2f} GB of {usable:,.1f} GB usable ({USABLE:.0%} of {spec.memory_gb:g} GiB)",
+        f"{kv + weights:,.2f} GB of {usable:,.1f} GB usable ({USABLE:.0%} of {device_bytes(spec) / 1e9:,.1f} GB, "
+        f"the datasheet's {spec.memory_gb:g} GiB); weights and KV cache both in {dtype}",
     ]
     if weights > usable:
         lines.append(
@@ -84,7 +85,9 @@ def draw_kv(model, gpu, dtype: str, context: int, batch: int) -> tuple[Figure, s
         ax.axvline(shape.max_position, color="black", lw=0.8, label=f"context window {shape.max_position:,}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(CONTEXTS, [f"{c // 1024}k" if c >= 1024 else str(c) for c in CONTEXTS])
-    finish_log_axes(ax, "context (tokens per request)", "GB", f"{shape.name} {dtype} on {spec.name}")
+    finish_log_axes(
+        ax, "context (tokens per request)", "GB (10⁹ bytes)", f"{shape.name}, weights and KV in {dtype}, on {spec.name}"
+    )
     return fig, "\n".join(lines)
 
 
@@ -110,6 +113,7 @@ def kv_explorer(default_model: str = "llama-2-7b", default_gpu: str = "H100 SXM"
     controls = {
         "model": widgets.Dropdown(options=sorted(PRESETS), value=default_model, description="model"),
         "gpu": widgets.Dropdown(options=list(gpu_names()), value=default_gpu, description="GPU"),
+        # the dtype of the weights and of the KV cache both (the text under the plot says so)
         "dtype": widgets.Dropdown(options=list(KV_DTYPES), value="bf16", description="dtype"),
         "context": widgets.SelectionSlider(options=list(CONTEXTS), value=4096, description="context"),
         "batch": widgets.SelectionSlider(options=list(BATCHES), value=1, description="batch"),

@@ -114,6 +114,18 @@ def decode_step_timing(engine, batch: int, context: int, repeats: int = 10, warm
     return timing, used
 
 
+def tensor_bytes_per_token(backend) -> float:
+    """KV bytes per token slot measured on the backend's real tensors: the storage bytes of every K and V
+    tensor over the token slots they hold (rows × max_len, read from their shapes). Not the formula: a
+    backend that padded heads, kept another dtype or a second copy would show it here."""
+    tensors = [*getattr(backend, "k", []), *getattr(backend, "v", [])]
+    if not tensors:
+        raise ValueError(f"backend {type(backend).__name__} holds no K/V tensors (allocate a sequence first)")
+    t0 = tensors[0]  # (rows, Hkv, max_len, hd) per layer
+    slots = t0.shape[0] * t0.shape[2]
+    return sum(t.untyped_storage().nbytes() for t in tensors) / slots
+
+
 @dataclass
 class KVHeadsRow:
     """One (attention kind, context) point: what the cache holds, what a step must read, how long it took."""
@@ -125,7 +137,7 @@ class KVHeadsRow:
     context: int
     kv_bytes_per_token: int  # formula: 2 · layers · kv_heads · head_dim · bytes
     kv_bytes_formula: int  # kv_bytes_per_token · batch · context
-    kv_bytes_used: int  # the engine backend's bytes_used() at that point (must equal the formula)
+    kv_bytes_used: int  # the engine backend's bytes_used() at that point (its bookkeeping: tokens × formula)
     weight_bytes: float  # weights one decode step streams (accounting.weights_read_per_step)
     bytes_per_step: float  # weights + the whole KV cache
     bandwidth_gbs: float  # the bandwidth the prediction assumes
@@ -136,6 +148,7 @@ class KVHeadsRow:
     threads: int = 0  # torch threads while timing
     flops_per_step: float = 0.0  # accounting.decode_flops: matmuls + attention (the same for every kv_heads)
     compute_ms: float = 0.0  # flops_per_step / the matmul peak: the floor if a step were compute-bound
+    kv_tensor_bytes_per_token: float = 0.0  # measured on the K/V tensors themselves (tensor_bytes_per_token)
 
     @property
     def efficiency(self) -> float:
@@ -217,6 +230,7 @@ def kv_heads_rows(
             weights = weights_read_per_step(shape, batch, dtype)
             for ctx in contexts:
                 timing, used = decode_step_timing(engine, batch, ctx, repeats, warmup)
+                measured_per_token = tensor_bytes_per_token(engine.backend)
                 flops = decode_flops(shape, ctx, batch)
                 kv = per_token * batch * ctx
                 total = weights + kv
@@ -240,9 +254,21 @@ def kv_heads_rows(
                         torch.get_num_threads(),
                         flops,
                         flops / peak * 1e3,
+                        measured_per_token,
                     )
                 )
             del engine, model
         return rows
     finally:
         torch.set_num_threads(saved)
+
+
+def gap_by_context(rows, num_kv_heads: int = 1) -> tuple[dict[int, float], bool]:
+    """Measured − predicted step time (ms) per context for the rows with ``num_kv_heads``, and whether the gap
+    is a fixed per-step cost: True when it grows by less than half its size from the shortest context to the
+    longest (a gap that grows with context is attention's work, not a fixed cost)."""
+    gaps = {r.context: r.measured_ms - r.predicted_ms for r in rows if r.num_kv_heads == num_kv_heads}
+    if len(gaps) < 2:
+        raise ValueError(f"rows must hold ≥ 2 contexts with num_kv_heads={num_kv_heads}, got {sorted(gaps)}")
+    lo, hi = min(gaps), max(gaps)
+    return gaps, (gaps[hi] - gaps[lo]) < 0.5 * max(abs(gaps[hi]), 1e-9)

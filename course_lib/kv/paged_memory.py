@@ -147,3 +147,37 @@ def beam_memory(engine, prompt, num_beams: int = 4, max_new_tokens: int = 32) ->
     finally:
         del kv.append
     return BeamMemory(num_beams, peak[0], peak[1])
+
+
+@dataclass(frozen=True)
+class EngineWaste:
+    """KV bytes a paged engine held over a run, summed over its steps: used vs reserved, read from the backend."""
+
+    used: int
+    reserved: int
+    steps: int
+    request_mix: list  # (prompt tokens, output tokens) of the requests run, for ``fragmentation``
+
+    @property
+    def waste(self) -> float:
+        return 1 - self.used / self.reserved
+
+
+def engine_waste(engine, prompts, params) -> EngineWaste:
+    """Run ``prompts`` on a paged engine step by step and sum ``backend.bytes_used()`` and
+    ``bytes_reserved()`` after every step: the waste measured on the engine's own blocks, to set beside the
+    arithmetic of ``fragmentation`` on the same lengths."""
+    from course_lib.engine.attention.paged import PagedBackend
+
+    if not isinstance(engine.backend, PagedBackend):
+        raise ValueError("engine must use the paged backend: Engine(..., kv_cache='paged')")
+    seqs = [engine.add_request(p, params) for p in prompts]
+    used = reserved = steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        used, reserved, steps = (
+            used + engine.backend.bytes_used(),
+            reserved + engine.backend.bytes_reserved(),
+            steps + 1,
+        )
+    return EngineWaste(used, reserved, steps, [(s.num_prompt_tokens, s.num_output_tokens) for s in seqs])

@@ -136,8 +136,14 @@ def plot_uptrain(log: dict, ax=None, original_ppl: float | None = None):
     ppl = [r["val"]["perplexity"] for r in log["log"]]
     right.plot(steps, ppl, "o-", color="C3", label="val perplexity")
     if original_ppl is not None:
-        right.axhline(original_ppl, color="k", ls=":", label=f"original ({original_ppl:.2f})")
+        right.axhline(
+            original_ppl, color="k", ls="--", lw=1.5, label=f"original model, 2 KV heads ({original_ppl:.2f})"
+        )
+        lo, hi = min([*ppl, original_ppl]), max([*ppl, original_ppl])
+        pad = 0.08 * (hi - lo or 1.0)
+        right.set_ylim(lo - pad, hi + pad)  # the reference line inside the frame, not on it
     right.set_ylabel("validation perplexity", color="C3")
+    ax.set_title("Uptraining the pooled MQA model moves its perplexity back toward the original's")
     lines = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
     labels = ax.get_legend_handles_labels()[1] + right.get_legend_handles_labels()[1]
     ax.legend(lines, labels, fontsize=8, loc="upper right")

@@ -34,12 +34,16 @@ from course_lib.engine.sampling import SamplingParams
 
 
 # ----------------------------------------------------------------------------- keys
-def normalize_prompt(prompt: str, lowercase: bool = False) -> str:
-    """Unicode NFC, surrounding whitespace stripped, runs of whitespace made one space. Case is kept by
+def normalize_prompt(prompt: str, lowercase: bool = False, collapse_whitespace: bool = False) -> str:
+    """Unicode NFC only, by default: an exact cache means exact, and in front of a code model whitespace is
+    meaning (Python that differs only in indentation is another program). ``collapse_whitespace`` (strip
+    and make runs of whitespace one space) and ``lowercase`` are opt-in, for prose prompts; case is kept by
     default: in code, ``List`` and ``list`` differ."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
-    text = re.sub(r"\s+", " ", unicodedata.normalize("NFC", prompt)).strip()
+    text = unicodedata.normalize("NFC", prompt)
+    if collapse_whitespace:
+        text = re.sub(r"\s+", " ", text).strip()
     return text.lower() if lowercase else text
 
 
@@ -76,19 +80,20 @@ class CacheStats:
 
 # ----------------------------------------------------------------------------- exact
 class ExactCache:
-    """(normalised prompt, sampling params) → response, least recently used evicted beyond ``capacity``.
+    """(prompt in NFC, byte for byte otherwise; sampling params) → response, least recently used evicted beyond ``capacity``.
 
     A sampled response (temperature > 0, no seed) is cached like any other: every repeat then gets the
     same text, which is the point of a cache and a change of behaviour worth knowing about."""
 
-    def __init__(self, capacity: int = 1024, lowercase: bool = False) -> None:
+    def __init__(self, capacity: int = 1024, lowercase: bool = False, collapse_whitespace: bool = False) -> None:
         self.capacity = _check_capacity(capacity)
         self.lowercase = bool(lowercase)
+        self.collapse_whitespace = bool(collapse_whitespace)
         self._store: OrderedDict[tuple, object] = OrderedDict()
         self.stats = CacheStats()
 
     def key(self, prompt: str, params: SamplingParams | None = None) -> tuple:
-        return (normalize_prompt(prompt, self.lowercase), params_key(params))
+        return (normalize_prompt(prompt, self.lowercase, self.collapse_whitespace), params_key(params))
 
     def get(self, prompt: str, params: SamplingParams | None = None):
         """The stored response, or None (counted as a miss)."""
@@ -372,3 +377,30 @@ __all__ = [
     "params_key",
     "threshold_curve",
 ]
+
+
+# ----------------------------------------------------------------------------- a request mix with repeats
+def zipf_mix(prompts: SequenceABC[str], n: int, exponent: float = 1.1, seed: int = 0) -> list[str]:
+    """``n`` requests drawn with replacement from ``prompts``, the k-th most popular with probability ∝
+    1 / k^exponent (Zipf's law, the shape of real query logs): how many repeat is the draw's, not the input's."""
+    import numpy as np
+
+    if not prompts or any(not isinstance(p, str) or not p.strip() for p in prompts):
+        raise ValueError("prompts must be a non-empty list of non-empty strings")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int ≥ 1, got {n!r}")
+    if isinstance(exponent, bool) or not isinstance(exponent, (int, float)) or not exponent >= 0:
+        raise ValueError(f"exponent must be a number ≥ 0 (0: uniform), got {exponent!r}")
+    weights = 1.0 / np.arange(1, len(prompts) + 1) ** float(exponent)
+    idx = np.random.default_rng(seed).choice(len(prompts), size=n, p=weights / weights.sum())
+    return [prompts[i] for i in idx]
+
+
+def expected_hit_rate(num_prompts: int, n: int, exponent: float = 1.1) -> float:
+    """The hit rate an unbounded exact cache expects on ``zipf_mix``: 1 − E[distinct prompts] / n, with
+    E[distinct] = Σ_k 1 − (1 − p_k)^n."""
+    import numpy as np
+
+    weights = 1.0 / np.arange(1, num_prompts + 1) ** float(exponent)
+    p = weights / weights.sum()
+    return float(1 - np.sum(1 - (1 - p) ** n) / n)

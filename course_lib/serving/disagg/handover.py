@@ -38,6 +38,25 @@ def link_gbps(link: str | float) -> float:
     raise ValueError(f"link must be one of {names} or a positive number of GB/s, got {link!r}")
 
 
+def link_latency_s(link: str | float) -> float:
+    """The one-message latency of ``link`` in seconds, from ``data/interconnects.json`` (0 for a bare GB/s)."""
+    import json
+
+    from course_lib.core.paths import data_dir
+
+    link_gbps(link)  # the same names, the same error
+    if not isinstance(link, str):
+        return 0.0
+    key = "ib_ndr" if link == "infiniband_ndr" else link
+    table = {e["key"]: e for e in json.loads((data_dir() / "interconnects.json").read_text())["links"]}
+    return float(table[key]["latency_us"]) * 1e-6 if key in table else 0.0
+
+
+def transfer_s(num_bytes: float, link: str | float = "nvlink4") -> float:
+    """Seconds to ship ``num_bytes`` over ``link``: its message latency plus bytes ÷ datasheet bandwidth."""
+    return link_latency_s(link) + num_bytes / (link_gbps(link) * 1e9)
+
+
 def kv_transfer_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, prompt_len: int) -> int:
     """Bytes of a prompt's KV cache: 2 (K and V) · layers · kv_heads · head_dim · bytes · prompt_len."""
     for name, value in (
@@ -129,5 +148,7 @@ class KVTransfer:
         return self.bytes / max(self.extract_s + self.install_s, 1e-12) / 1e9
 
     def predicted_s(self, link: str | float = "nvlink4") -> float:
-        """Seconds at ``link``'s datasheet bandwidth (a lower bound: no protocol overhead)."""
-        return self.bytes / (link_gbps(link) * 1e9)
+        """Seconds over ``link``: its latency (``data/interconnects.json``'s latency_us, the α of one message)
+        plus the bytes at its datasheet bandwidth (a lower bound: no protocol overhead). A number of GB/s has
+        no latency."""
+        return transfer_s(self.bytes, link)

@@ -229,3 +229,10 @@ def simulate_disaggregated(cfg: SimConfig, rate: float, num_prefill: int = 1, nu
     tpot = (last - first) / max(cfg.output_len - 1, 1)
     setup = f"disaggregated {num_prefill}P+{num_decode}D"
     return SimResult(setup, float(rate), num_prefill + num_decode, first - arr, tpot, itl, xfer)
+
+
+def prefill_capacity_rps(cfg: SimConfig) -> float:
+    """Prompts per second one prefill GPU can compute, batched as the simulation batches them: the arrival
+    rate at which a single prefill GPU saturates and TTFT starts to climb without bound."""
+    per_prefill = max(1, cfg.max_prefill_tokens // cfg.prompt_len)
+    return per_prefill / _Costs(cfg).prefill(per_prefill)

@@ -108,3 +108,21 @@ def sweep(
             res = run_real(engine, trace.with_rate(rate), cfg, pool=pool, kv_cache=kv_cache, slo=slo)
             out.append(SweepPoint(label, float(rate), "real", res.metrics()))
     return out
+
+
+def relative_errors(sim: dict, real: dict, keys=COMPARED) -> dict[str, float]:
+    """(sim − real) / real per metric, from two ``RunResult.metrics()`` dicts (NaN where real is 0)."""
+    return {k: (sim[k] - real[k]) / real[k] if real[k] else math.nan for k in keys}
+
+
+def error_table(sim: dict, real: dict, keys=COMPARED) -> str:
+    """Sim, real, the absolute error and the relative one per metric: a ratio alone hides how far off it is."""
+    rel = relative_errors(sim, real, keys)
+    lines = [f"  {'metric':<18}{'sim':>10}{'real':>10}{'sim − real':>12}{'error':>8}"]
+    for k in keys:
+        scale, unit = (1.0, "tok/s") if k == "throughput" else (1e3, "ms")
+        lines.append(
+            f"  {k + ' ' + unit:<18}{sim[k] * scale:>10.1f}{real[k] * scale:>10.1f}"
+            f"{(sim[k] - real[k]) * scale:>+12.1f}{rel[k]:>+8.0%}"
+        )
+    return "\n".join(lines)

@@ -78,7 +78,11 @@ class CostModel:
         return (
             f"step ≈ {self.a * 1e3:.2f} ms + {self.b * 1e6:.1f} µs·prefill_tokens + {self.c * 1e6:.1f} µs·decode_rows"
             + (f" + {self.d * 1e9:.1f} ns·decode_context" if self.d else "")
-            + f"  (rms residual {self.rms_s * 1e3:.2f} ms, max rel err {self.max_rel_err:.0%}, {self.n_points} points)"
+            + (
+                f"  (rms residual {self.rms_s * 1e3:.2f} ms, max rel err {self.max_rel_err:.0%}, {self.n_points} points)"
+                if self.n_points
+                else f"  (not fitted: {self.meta.get('source', 'given coefficients')})"
+            )
         )
 
     def to_dict(self) -> dict:
