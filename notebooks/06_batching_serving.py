@@ -789,7 +789,7 @@ plt.show()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from course_lib.serving.server.text_stream import FullDecodeTextStream, TextStream, cost_per_token_us  # noqa: E402
+from course_lib.engine.text_stream import FullDecodeTextStream, TextStream, cost_per_token_us  # noqa: E402
 
 print("the server's per-token text work, profiled (µs per token; benchmarks/detokenize.py runs the full grid):")
 for n in (32, 512):
@@ -805,7 +805,7 @@ for n in (32, 512):
 # HTTP work is short, but it is Python, and while it runs the engine's own Python waits; a step of this tiny
 # model is only a few milliseconds, so even a few hundred microseconds per step show. That is a hypothesis:
 # what the profile above does show is the text work's share. The server's detokenization is incremental
-# (`server/text_stream.py`: each token decodes only the last few tokens it needs, holding back only what a
+# (`engine/text_stream.py`: each token decodes only the last few tokens it needs, holding back only what a
 # stop string or an incomplete UTF-8 character needs), so its cost per token stays flat as the answer grows,
 # where re-decoding the whole output grows with it. Moving the engine to its own process removes
 # the contention; what remains is a pipe message per step. vLLM V1 splits the same way: detokenization runs in
