@@ -99,6 +99,7 @@ from course_lib.core.mode import pick
 from course_lib.engine import Engine, SamplingParams
 from course_lib.measure import hardware, microbench, references
 from course_lib.measure.claims import claim, compare_prediction
+from course_lib.measure.hardware.datasheet import gpu_spec
 from course_lib.measure.report import record
 from course_lib.parallel import (
     alpha_beta,
@@ -395,7 +396,7 @@ claim(
 )
 
 # %% [markdown]
-# Why, in numbers. Is a decode step of tiny-target **overhead-bound** (chapter 02)? If its 20 MB of
+# What decides it, in numbers. Is a decode step of tiny-target **overhead-bound** (chapter 02)? If its 20 MB of
 # weights stream from DRAM in a small share of the step, the rest is the fixed cost of dispatching each
 # torch operator; the cell below computes the share. Tensor parallelism divides the bytes each rank reads by p, **not the operators it
 # dispatches**: every rank still runs every layer, on half-width matrices, and adds the all-reduces. And an
@@ -536,9 +537,10 @@ claim(
 # On GPUs the same split is what makes a 70B model fast. The model below combines this chapter's α–β formula
 # with the NVLink figures, NCCL's latency constants and chapter 01's roofline (each GPU streams its share of
 # the weights at its memory bandwidth): time per token of Llama-3-70B, batch 1, on 8 × H100. Deployed
-# practice for latency inside one NVLink node is tensor parallelism over all of its GPUs (vLLM's and
-# TensorRT-LLM's recipes serve Llama-3-70B on 8 × H100 at TP = 8); `plan_advice.practice_flag` says when the
-# model ranks another plan first, and why in its own numbers.
+# practice for latency is tensor parallelism over all the GPUs of one NVLink node (vLLM's distributed-serving
+# guide: the tensor-parallel size is the number of GPUs in a node, the pipeline-parallel size the number of
+# nodes); `plan_advice.practice_flag` says when the model ranks another plan first, and why in its own
+# numbers.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -588,7 +590,7 @@ print(
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-h100_bw = planning._gpu("H100 SXM").bandwidth
+h100_bw = gpu_spec("H100 SXM").bandwidth
 for name, shape in (("SmolLM2-135M", smol_shape), ("Llama-3-8B", ModelShape.from_name("llama-3-8b"))):
     be = plan_advice.tp_break_even(shape.num_layers, shape.hidden_size, 2, "nvlink4", bandwidth=h100_bw)
     w = weight_bytes(shape, "bf16")
@@ -793,8 +795,8 @@ one = planning.estimate("llama-3-70b", 1, 1, batch=8, gpu="H100 SXM")
 print(f"one GPU (if it fitted): TPOT {one.latency_s * 1e3:.2f} ms, {one.tokens_per_s:.0f} tok/s")
 
 # %% [markdown]
-# Bandwidth-bound decode gains nothing from the micro-batches themselves: two of them read the stage's
-# weights twice. Pipeline parallelism's throughput in serving comes from the batch its memory lets in, and
+# Bandwidth-bound decode gains little or nothing from the micro-batches themselves: two of them read the
+# stage's weights twice. Pipeline parallelism's throughput in serving comes from the batch its memory lets in, and
 # its cost is a TPOT no lower than one GPU's.
 #
 # ## 7 · Replicas
@@ -915,8 +917,9 @@ ch07.check_bubble(answer, p=4, m=12)
 # `answer = (4 - 1) / (12 + 4 - 1)` = 0.2: each stage idles 3 of the 15 slots.
 # </details>
 #
-# **Exercise 2.** With the α–β model and the NVLink 4 figures (`link("nvlink4").alpha`, `.beta`, from
-# `course_lib.parallel.interconnects`), how many µs does a ring all-reduce of 16 MB over 8 GPUs take?
+# **Exercise 2.** With the α–β model and the NVLink 4 figures (`link("nvlink4").base`, `.alpha`, `.beta`,
+# from `course_lib.parallel.interconnects`: the per-call cost, the per-step latency, the seconds per byte),
+# how many µs does a ring all-reduce of 16 MB over 8 GPUs take?
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -930,7 +933,7 @@ ch07.check_allreduce_us(answer, nbytes=16e6, p=8, link="nvlink4")
 # from course_lib.parallel.interconnects import collective_time, link
 #
 # lk = link("nvlink4")
-# answer = (2 * 7 * lk.alpha + 2 * 7 / 8 * 16e6 * lk.beta) * 1e6
+# answer = (lk.base + 2 * 7 * lk.alpha + 2 * 7 / 8 * 16e6 * lk.beta) * 1e6
 # ```
 # or `collective_time("all_reduce", 16e6, 8, "nvlink4") * 1e6`.
 # </details>

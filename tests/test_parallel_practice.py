@@ -234,3 +234,60 @@ def test_plot_legends_sit_beside_or_above_the_data():
     for ax in fig.axes:
         tallest = max(p.get_y() + p.get_height() for p in ax.patches)
         assert tallest <= ax.get_ylim()[1] / 1.25  # head-room above the tallest bar for the legend
+
+
+# ----------------------------------------------------------------------------- 10: expert and context parallelism
+def test_moe_reference_and_routing():
+    import torch
+
+    from course_lib.parallel import expert_parallel as ep
+
+    w = ep.make_moe(16, 32, 4, seed=1)
+    x = torch.randn(10, 16, generator=torch.Generator().manual_seed(2))
+    idx, gate = ep.route(x, w, 2)
+    assert idx.shape == (10, 2) and torch.allclose(gate.sum(-1), torch.ones(10))
+    dense = torch.stack(
+        [sum(gate[n, j] * ep.expert_forward(x[n : n + 1], w, int(idx[n, j]))[0] for j in range(2)) for n in range(10)]
+    )
+    assert torch.allclose(ep.moe_reference(x, w, 2), dense, atol=1e-6)
+    with pytest.raises(ValueError, match="k must be"):
+        ep.route(x, w, 5)
+    with pytest.raises(ValueError, match="num_experts"):
+        ep.make_moe(16, 32, 0)
+
+
+def test_ring_attention_merge_equals_softmax_attention_in_one_process():
+    import torch
+
+    from course_lib.parallel import ring_attention as ra
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, 2, 4, generator=g) for _ in range(3))
+    pos = torch.arange(8)
+    acc, mx, sm = torch.zeros_like(q), torch.full((2, 8), float("-inf")), torch.zeros(2, 8)
+    for blk in (slice(4, 8), slice(0, 4)):  # blocks in any order: the merge is exact
+        acc, mx, sm = ra.merge(acc, mx, sm, *ra.block_attention(q, k[blk], v[blk], pos, pos[blk]))
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
+    ).transpose(0, 1)
+    assert torch.allclose(acc / sm.T[..., None], ref, atol=1e-6)
+    assert ra.ring_bytes_per_rank(256, 4, 32, 2) == 128 * 4 * 32 * 4 * 2
+
+
+@pytest.mark.parametrize("method", ["all_to_all", "all_gather"])
+def test_expert_and_ring_parallel_equal_one_process(method):
+    from course_lib.parallel import expert_parallel as ep
+    from course_lib.parallel import ring_attention as ra
+    from course_lib.parallel.launcher import launch
+
+    out = launch(ep.ep_and_ring_worker, 2, {"tokens": 32, "exchange_method": method}, {"seq_len": 64})
+    for r in out:
+        assert r["ep"]["max_abs_diff"] <= 1e-5 and r["ep"]["method"] == method
+        assert sum(r["ep"]["expert_tokens"]) == 32 * 2  # every token reached its top-2 experts
+        assert r["ring"]["max_abs_diff"] <= 1e-5
+        assert r["ring"]["bytes_sent"] == ra.ring_bytes_per_rank(64, 4, 32, 2)
+    a2a, gathered = (out[0]["ep"]["bytes_sent"], out[0]["ep"]["rows_to_others"] * out[0]["ep"]["row_bytes"])
+    if method == "all_to_all":
+        assert a2a < 2 * gathered + 1  # dispatch rows out and combine rows back, no more
+    # a counter-example for the notebook's verdict: a wrong combine (weights dropped) is far off
+    assert not claim("EP equals one process", 0.5, at_most=1e-5)
