@@ -291,3 +291,37 @@ def test_expert_and_ring_parallel_equal_one_process(method):
         assert a2a < 2 * gathered + 1  # dispatch rows out and combine rows back, no more
     # a counter-example for the notebook's verdict: a wrong combine (weights dropped) is far off
     assert not claim("EP equals one process", 0.5, at_most=1e-5)
+
+
+# ----------------------------------------------------------------------------- counter-examples for the other verdicts
+def test_sp_bytes_verdict_fails_when_the_reduce_scatter_falls_back_to_all_reduce():
+    from course_lib.parallel.tp_comm import tp_comm_bytes
+
+    tp = tp_comm_bytes(256, 6, 128, 2)["all_reduce"]
+    sp = tp_comm_bytes(256, 6, 128, 2, sequence_parallel=True)
+    assert claim("SP sends no more than TP", (sp["reduce_scatter"] + sp["all_gather"]) / tp, at_most=1.10)
+    fallback = 2 * sp["reduce_scatter"] + sp["all_gather"]  # reduce-scatter done as an all-reduce: 2× its bytes
+    assert not claim("SP sends no more than TP", fallback / tp, at_most=1.10)
+
+
+def test_overhead_bound_and_replica_verdicts_fail_on_counter_examples():
+    from course_lib.models.accounting import ModelShape, weight_bytes
+
+    tiny = weight_bytes(ModelShape.from_embedded("tiny-target"), "fp32")
+    bw = 20e9
+    assert claim("overhead-bound", tiny / bw / 0.010, at_most=0.25)  # a 10 ms step: the reads are 10% of it
+    assert not claim("overhead-bound", tiny / bw / (tiny / bw * 1.5), at_most=0.25)  # a bandwidth-bound step
+    one = replica.ReplicaResult([[1]], [[0]], [2.0], 100, probe_s=[1.0, 1.0])  # ideal 2×
+    two_good, two_bad = replica.ReplicaResult([[1]], [[0]], [1.1], 100), replica.ReplicaResult([[1]], [[0]], [2.0], 100)
+    assert claim("≥ 80% of ideal", two_good.tokens_per_s / one.tokens_per_s / one.ideal_speedup, at_least=0.8)
+    assert not claim("≥ 80% of ideal", two_bad.tokens_per_s / one.tokens_per_s / one.ideal_speedup, at_least=0.8)
+
+
+def test_pure_all_reduce_verdict_fails_when_waiting_is_billed_to_the_call():
+    fit = alpha_beta.fit_alpha_beta(_timings())
+    predicted = fit.predict("all_reduce", 4096, 2)
+    r0 = [("all_reduce", 0.0, predicted * 3)]  # rank 0 arrived first and waited
+    r1 = [("all_reduce", predicted * 2, predicted * 3)]
+    split = tp_measure._wait_split([r0, r1])
+    assert claim("call alone within ±30% of the fit", abs(split["allreduce_pure_s"] / predicted - 1), at_most=0.30)
+    assert not claim("rank 0's whole time within ±30%", abs(3 * predicted / predicted - 1), at_most=0.30)
