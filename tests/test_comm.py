@@ -191,11 +191,17 @@ def test_tp_pp_estimates_llama3_70b_on_h100():
     assert tp8.compute_s == pytest.approx(one.compute_s / 8, rel=0.01)
     # Megatron: 2 all-reduces of batch * hidden * 2 bytes per layer
     ar = interconnects.collective_time("all_reduce", 8192 * 2, 8, "nvlink4")
-    assert tp8.tp_comm_s == pytest.approx(2 * 80 * ar)
+    logits = interconnects.collective_time("all_gather", 128256 * 2, 8, "nvlink4")  # vocab-parallel head
+    assert tp8.tp_comm_s == pytest.approx(2 * 80 * ar + ar + logits)  # + the vocab-parallel embedding's
+    replicated = planning.tp_time_per_token("llama-3-70b", 8, "nvlink4", vocab_parallel=False)
+    assert replicated.tp_comm_s == pytest.approx(2 * 80 * ar)
     assert planning.tp_time_per_token("llama-3-70b", 8, "pcie4_x16").latency_s > tp8.latency_s
     # pipelining a decode step does not shorten one token's path
     pp8 = planning.pp_time("llama-3-70b", 8, "nvlink4")
-    assert pp8.latency_s >= one.latency_s and pp8.memory.total == pytest.approx(one.memory.total / 8)
+    table = 128256 * 8192 * 2  # an end stage also holds the embedding or the LM head
+    assert pp8.latency_s >= one.latency_s
+    assert pp8.memory.weights == pytest.approx((one.memory.weights - 2 * table) / 8 + table)
+    assert pp8.memory.kv == pytest.approx(one.memory.kv / 8)
     assert planning.pp_time("llama-3-70b", 4, batch=8, micro_batches=8).bubble == pytest.approx(3 / 11)
     # KV heads are not split past num_kv_heads (8)
     kv8 = planning.memory_per_device("llama-3-70b", 8, batch=4).kv

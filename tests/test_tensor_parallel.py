@@ -167,6 +167,9 @@ def test_step_times_count_two_all_reduces_per_layer(ranks, single):
     assert times.allreduce_calls_per_step == 2 * L  # a decode step of 2 sequences: 2 all-reduces of (2, D) a layer
     assert times.allreduce_bytes_per_step == 2 * L * 2 * D * 4
     assert 0 < times.allreduce_share <= 1 and "TP=2" in str(times)
+    # every rank dispatched the same operators, the all-reduces among them; waiting and the call itself apart
+    assert times.ops_per_step > times.allreduce_calls_per_step
+    assert times.allreduce_pure_s > 0 and times.allreduce_wait_s >= 0
 
 
 def test_no_process_left_behind(ranks):

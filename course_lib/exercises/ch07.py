@@ -35,7 +35,8 @@ def check_allreduce_us(answer, nbytes: float = 16e6, p: int = 8, link: str = "nv
         collective_time("all_reduce", nbytes, p, link) * 1e6,
         rtol=0.02,
         unit="µs",
-        hint=f"2(p−1)·α + 2(p−1)/p · n · β with α = {lk.alpha * 1e6:.1f} µs and β = 1/({1 / lk.beta / 1e9:.0f} GB/s).",
+        hint=f"base + 2(p−1)·α + 2(p−1)/p · n · β with base = {lk.base * 1e6:.1f} µs per call, α = {lk.alpha * 1e6:.1f} µs "
+        f"per ring step and β = 1/({1 / lk.beta / 1e9:.0f} GB/s).",
     )
 
 

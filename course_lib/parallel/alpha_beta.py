@@ -32,11 +32,11 @@ def coefficients(op: str, p: int) -> tuple[float, float]:
     _check_p(p)
     if op == "all_reduce":
         return 2.0 * (p - 1), 2.0 * (p - 1) / p
-    if op in ("all_gather", "reduce_scatter"):
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):  # all-to-all: p − 1 pairwise exchanges of n/p
         return float(p - 1), (p - 1) / p
     if op == "send":
         return 1.0, 1.0
-    raise ValueError(f"op must be one of {(*OPS, 'send')}, got {op!r}")
+    raise ValueError(f"op must be one of {(*OPS, 'all_to_all', 'send')}, got {op!r}")
 
 
 def _check_p(p) -> int:
@@ -298,5 +298,26 @@ __all__ = [
     "fmt_bytes",
     "fmt_seconds",
     "format_by_size",
+    "held_out",
     "ring_time",
 ]
+
+
+def held_out(timings, every: int = 2, *, knee="auto", label: str = "held-out") -> tuple[AlphaBetaFit, list]:
+    """Score the fit on sizes it never saw: fit on every ``every``-th message size of each op (the first, the
+    smallest and the largest always among them), predict the others. Returns (the fit of each op keyed as
+    ``fit_by_op``, merged into a dict) and [(timing, predicted / measured − 1)] for the held-out timings."""
+    rows = [t if isinstance(t, CollectiveTiming) else CollectiveTiming(*t) for t in timings]
+    if isinstance(every, bool) or not isinstance(every, int) or every < 2:
+        raise ValueError(f"every must be an int >= 2 (1 would hold nothing out), got {every!r}")
+    fits, scored = {}, []
+    for op in sorted({t.op for t in rows}):
+        mine = [t for t in rows if t.op == op]
+        sizes = sorted({t.nbytes for t in mine})
+        keep = {s for i, s in enumerate(sizes) if i % every == 0} | {sizes[0], sizes[-1]}
+        if len(keep) == len(sizes):
+            raise ValueError(f"{op}: {len(sizes)} sizes leave none to hold out with every={every}")
+        fit = fit_alpha_beta([t for t in mine if t.nbytes in keep], label=f"{label} {op}", knee=knee)
+        fits[op] = fit
+        scored += [(t, fit.predict(t.op, t.nbytes, t.p) / t.seconds - 1) for t in mine if t.nbytes not in keep]
+    return fits, scored

@@ -80,18 +80,23 @@ def _measure_worker(rank, world_size, ops, sizes, repeats, warmup, min_time_s=0.
     import torch
     import torch.distributed as dist
 
+    from course_lib.parallel.launcher import worker_device
+
+    dev = worker_device()  # cuda:<rank> under NCCL, else the CPU
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     p = world_size
     buffers = {}
     for size in sizes:
         n = max(p, -(-size // 4 // p) * p)  # fp32 elements, a multiple of p so it splits evenly
-        buffers[size] = (torch.ones(n), torch.empty(n // p))  # full (n,), part (n / p,)
+        buffers[size] = (torch.ones(n, device=dev), torch.empty(n // p, device=dev))  # full (n,), part (n / p,)
     cases = [(op, size) for op in ops for size in sizes]
 
     def timed(op, size):
         full, part = buffers[size]
         dist.barrier()  # start together: a collective waits for its last rank
+        sync()
         f0 = _minor_faults()
         t0 = time.perf_counter()
         with warnings.catch_warnings():
@@ -102,12 +107,13 @@ def _measure_worker(rank, world_size, ops, sizes, repeats, warmup, min_time_s=0.
                 all_gather(full, part)
             else:
                 reduce_scatter(part, full)
+        sync()  # a GPU collective was only launched
         dt = time.perf_counter() - t0
         f1 = _minor_faults()
         return dt, (None if f0 is None else f1 - f0)
 
     # the fastest warm-up run of each case (a slow one may have waited a scheduler tick), the same on both ranks
-    fastest = torch.tensor([min([timed(*c)[0] for _ in range(warmup)], default=0.0) for c in cases])
+    fastest = torch.tensor([min([timed(*c)[0] for _ in range(warmup)], default=0.0) for c in cases], device=dev)
     dist.all_reduce(fastest, op=dist.ReduceOp.MAX)  # (cases,)
     per_round = {}
     for c, t_run in zip(cases, fastest.tolist()):
@@ -123,8 +129,9 @@ def _measure_worker(rank, world_size, ops, sizes, repeats, warmup, min_time_s=0.
     for op, size in cases:
         times = [dt for dt, _ in runs[(op, size)]]
         faults = [f for _, f in runs[(op, size)] if f is not None]
-        stats = torch.tensor([times + [statistics.median(faults) if faults else -1.0]], dtype=torch.float64)
+        stats = torch.tensor([times + [statistics.median(faults) if faults else -1.0]], dtype=torch.float64, device=dev)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # per run the slowest rank; the most faulting rank
+        stats = stats.cpu()
         typical = float(torch.quantile(stats[0, :-1], quantile))  # a low quantile: see measure_collectives
         rows.append((op, p, buffers[size][0].numel() * 4, typical, None if stats[0, -1] < 0 else float(stats[0, -1])))
     return rows
@@ -142,6 +149,7 @@ def measure_collectives(
     quantile: float = 0.25,
     launches: int = 1,
     timeout_s: float = 300.0,
+    backend: str = "gloo",
 ) -> list[CollectiveTiming]:
     """Time gloo ``ops`` over ``sizes`` (bytes, rounded to whole fp32 elements, a multiple of
     ``world_size``) between ``world_size`` local processes, one thread each; with the page faults per call.
@@ -154,8 +162,16 @@ def measure_collectives(
     quartile of ~100 runs repeats within ~10%. What a launch cannot average away is the launch itself: which
     cores the two workers land on and how their wake-ups line up shift a small message's latency by ±20%
     for the whole launch. ``launches`` > 1 starts the workers that many times and reports, per op and size,
-    the median over launches (of the time and of the page faults)."""
-    from course_lib.parallel.launcher import launch
+    the median over launches (of the time and of the page faults).
+
+    ``backend``: "gloo" (processes on this machine), "nccl" (one GPU per rank: what a learner with two or
+    more GPUs measures their own NVLink or PCIe with; ``launch`` refuses it with fewer GPUs than ranks) or
+    "auto" (NCCL when there is a GPU per rank, else gloo)."""
+    from course_lib.parallel.launcher import default_backend, launch
+
+    if backend not in ("gloo", "nccl", "auto"):
+        raise ValueError(f"backend must be 'gloo', 'nccl' or 'auto', got {backend!r}")
+    backend = default_backend(world_size) if backend == "auto" else backend
 
     sizes = tuple(sizes)
     if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in sizes):
@@ -186,7 +202,7 @@ def measure_collectives(
             float(min_time_s),
             max_repeats,
             float(quantile),
-            backend="gloo",
+            backend=backend,
             threads_per_worker=1,
             timeout_s=timeout_s,
         )[0]

@@ -75,7 +75,8 @@ def plot_alpha_beta(fit, links_to_show=("nvlink4", "pcie4_x16"), marks=None):
         title = "measured (markers) and fitted (lines); dotted: a fit's knee"
     ax.set_title(f"{title} (p = {p})", fontsize=9)
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=6)
+    fig.subplots_adjust(right=0.66)  # the legend goes beside the axes, never over the points
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return fig
 
 
@@ -87,10 +88,11 @@ def plot_plan(plan: list[ParallelEstimate]):
     ax_mem, ax_t = fig.subplots(1, 2)
     labels = [f"TP{e.tp}·PP{e.pp}" for e in plan]
     xs = range(len(plan))
-    ax_mem.bar(xs, [e.memory.weights / 1e9 for e in plan], label="weights")
-    ax_mem.bar(xs, [e.memory.kv / 1e9 for e in plan], bottom=[e.memory.weights / 1e9 for e in plan], label="KV")
-    ax_mem.axhline(0.9 * plan[0].memory.capacity / 1e9, color="k", ls="--", lw=1, label="90% of GPU memory")
-    ax_mem.set_ylabel("GB per GPU")
+    gib = 2**30
+    ax_mem.bar(xs, [e.memory.weights / gib for e in plan], label="weights")
+    ax_mem.bar(xs, [e.memory.kv / gib for e in plan], bottom=[e.memory.weights / gib for e in plan], label="KV")
+    ax_mem.axhline(0.9 * plan[0].memory.capacity / gib, color="k", ls="--", lw=1, label="90% of GPU memory")
+    ax_mem.set_ylabel("GiB per GPU")
     ax_t.bar(xs, [e.pp * e.compute_s * 1e3 for e in plan], label="compute")
     ax_t.bar(
         xs,
@@ -101,7 +103,8 @@ def plot_plan(plan: list[ParallelEstimate]):
     ax_t.set_ylabel("ms per token (TPOT)")
     for ax in (ax_mem, ax_t):
         ax.set_xticks(list(xs), labels, rotation=60, fontsize=7)
-        ax.legend(fontsize=7)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # head-room: the legend sits above the tallest bar
+        ax.legend(fontsize=7, loc="upper center", ncol=3, frameon=False)
     fig.suptitle(f"{plan[0].model}, batch {plan[0].batch}")
     fig.tight_layout()
     return fig

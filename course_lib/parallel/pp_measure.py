@@ -114,18 +114,22 @@ def measure_bubble(
     linear: str = "auto",
     threads_per_worker: int = 1,
     timeout_s: float = 120.0,
+    decode_tokens: int = 0,
 ) -> dict[int, list[Timeline]]:
     """Measured GPipe prefills of ``prompts`` on p stages, for each m in ``ms``: {m: [Timeline] × repeats}
     (one process launch for all; a warm-up pass first). Compare ``Timeline.bubble()`` with ``bubble_fraction``
     and ``bubble_with_comm`` (``bubble_rows`` does it for every m). The formula holds when a micro-batch's
     compute dwarfs the fixed costs each one adds — the hand-off between processes (hundreds of µs with gloo
     on a CPU), the last stage's LM head, Python: give each sequence tens of tokens, not a few (8 prompts of
-    64 tokens keep tiny-target's slots at milliseconds up to m = 8)."""
+    64 tokens keep tiny-target's slots at milliseconds up to m = 8). With ``decode_tokens`` > 0 the same launch
+    also runs, for each m, prefill + ``decode_tokens`` greedy steps with the micro-batches in flight across
+    steps (steady-state decode, ``course_lib.parallel.pp_decode``): its Timeline under key ("decode", m)."""
     from course_lib.parallel.launcher import launch
 
     ms = list(ms)
     prompts = _check_run(model, prompts, p, ms)
     check_count("repeats", repeats)
+    check_count("decode_tokens", decode_tokens, 0)
     results = launch(
         bubble_worker,
         p,
@@ -134,10 +138,16 @@ def measure_bubble(
         ms,
         repeats,
         linear,
+        decode_tokens,
         threads_per_worker=threads_per_worker,
         timeout_s=timeout_s,
     )
-    return {m: [Timeline(p, m, [s for r in results for s in r[m][k]]) for k in range(repeats)] for m in ms}
+    out = {m: [Timeline(p, m, [s for r in results for s in r[m][k]]) for k in range(repeats)] for m in ms}
+    for m in ms if decode_tokens else ():
+        out[("decode", m)] = Timeline(
+            p, m, sorted((s for r in results for s in r[("decode", m)]), key=lambda s: s.start)
+        )
+    return out
 
 
 @dataclass(frozen=True)
@@ -157,7 +167,8 @@ class BubbleRow:
 
 
 def bubble_rows(runs: dict[int, list[Timeline]]) -> list[BubbleRow]:
-    """``measure_bubble``'s result as one row per m."""
+    """``measure_bubble``'s prefill runs as one row per m (decode runs, keyed ("decode", m), are skipped)."""
+    runs = {m: tls for m, tls in runs.items() if isinstance(m, int)}
     if not runs or any(not tls for tls in runs.values()):
         raise ValueError("runs must map each m to a non-empty list of measured Timelines (from measure_bubble)")
     rows = []

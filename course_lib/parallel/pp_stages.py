@@ -196,15 +196,27 @@ def pipeline_worker(
 
 
 def bubble_worker(
-    rank: int, world_size: int, model, prompts, ms: Sequence[int], repeats: int, linear: str = "auto"
+    rank: int,
+    world_size: int,
+    model,
+    prompts,
+    ms: Sequence[int],
+    repeats: int,
+    linear: str = "auto",
+    decode_tokens: int = 0,
 ) -> dict:
-    """Per rank: one warm-up prefill, then ``repeats`` pipelined prefills for each m in ``ms``; the slots of each."""
+    """Per rank: one warm-up prefill, then ``repeats`` pipelined prefills for each m in ``ms``; the slots of each
+    ({m: [slots] × repeats}). With ``decode_tokens`` > 0 also, for each m, one run of prefill + that many
+    greedy steps with the micro-batches in flight across steps: {("decode", m): slots}."""
     engine_model = load_engine_model(model, linear)
     _run_stage(engine_model, rank, world_size, prompts, split_micro_batches(len(prompts), max(ms)), 1, False)
     out = {}
     for m in ms:
         micro = split_micro_batches(len(prompts), m)
         out[m] = [_run_stage(engine_model, rank, world_size, prompts, micro, 1, False)[0] for _ in range(repeats)]
+    for m in ms if decode_tokens else ():
+        micro = split_micro_batches(len(prompts), m)
+        out[("decode", m)] = _run_stage(engine_model, rank, world_size, prompts, micro, decode_tokens, False)[0]
     return out
 
 

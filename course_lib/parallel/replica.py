@@ -59,9 +59,11 @@ def replica_worker(
     assignment: list[list[int]],
     max_num_seqs: int = 8,
     linear: str = "auto",
+    probes: list[list[int]] | None = None,
 ) -> dict:
     """Per rank (under ``launch``): one engine serves requests ``assignment[rank]`` after a short warm-up.
-    Times run from rank 0's instant after a barrier (``perf_counter`` is one system-wide clock)."""
+    Times run from rank 0's instant after a barrier (``perf_counter`` is one system-wide clock). ``probes``
+    (one replica only): afterwards the same engine serves each of these shares alone, timed ("probe_s")."""
     import torch.distributed as dist
 
     from course_lib.engine import Engine, SchedulerConfig
@@ -75,11 +77,17 @@ def replica_worker(
     dist.broadcast(t0, src=0)
     results = engine.generate([prompts[i] for i in mine], [params[i] for i in mine]) if mine else []
     elapsed = time.perf_counter() - t0.item()
+    probe_s = []
+    for share in probes or []:
+        t1 = time.perf_counter()
+        engine.generate([prompts[i] for i in share], [params[i] for i in share])
+        probe_s.append(time.perf_counter() - t1)
     return {
         "indices": mine,
         "output_ids": [r.output_ids for r in results],
         "elapsed_s": elapsed if mine else 0.0,
         "tokens": sum(len(r.output_ids) for r in results),
+        "probe_s": probe_s,
     }
 
 
@@ -92,6 +100,16 @@ class ReplicaResult:
     assignment: list[list[int]]
     replica_s: list[float]  # each replica's time from the common start to its last token
     tokens: int  # generated tokens over all requests
+    probe_s: list[float] | None = None  # one replica, probe_split=k: the same engine serving each k-way share alone
+
+    @property
+    def ideal_speedup(self) -> float | None:
+        """With ``probe_split`` = k: what k replicas could gain at best, from this engine's own times — the
+        whole load over the slowest share alone (T(all) / max T(share)), not k: an engine that already
+        batches every request gains little from splitting them."""
+        if not self.probe_s:
+            return None
+        return self.wall_s / max(self.probe_s)
 
     @property
     def wall_s(self) -> float:
@@ -127,9 +145,12 @@ def serve_replicas(
     linear: str = "auto",
     threads_per_worker: int = 1,
     timeout_s: float = 180.0,
+    probe_split: int = 0,
 ) -> ReplicaResult:
     """Serve ``prompts`` (strings or token-id lists) on ``n_replicas`` engine processes (``model``: an embedded
-    name or a folder, loaded by each), routed by ``policy``. Outputs equal one engine's for the same params."""
+    name or a folder, loaded by each), routed by ``policy``. Outputs equal one engine's for the same params.
+    ``probe_split`` = k (with one replica): the engine then also serves alone each share that ``policy``
+    would give k replicas, so ``ideal_speedup`` comes from its own times."""
     from course_lib.parallel.launcher import launch
 
     if not isinstance(model, (str, Path)):
@@ -143,7 +164,13 @@ def serve_replicas(
     else:
         raise ValueError("params must be one SamplingParams or a list with one per prompt")
     lens = _prompt_lengths(model, prompts)
-    assignment = assign([n + p.max_new_tokens for n, p in zip(lens, plist)], n_replicas, policy)
+    costs = [n + p.max_new_tokens for n, p in zip(lens, plist)]
+    assignment = assign(costs, n_replicas, policy)
+    if isinstance(probe_split, bool) or not isinstance(probe_split, int) or probe_split < 0:
+        raise ValueError(f"probe_split must be an int >= 0, got {probe_split!r}")
+    if probe_split and n_replicas != 1:
+        raise ValueError(f"probe_split needs n_replicas=1 (one engine times the shares), got n_replicas={n_replicas}")
+    probes = assign(costs, probe_split, policy) if probe_split else None
     results = launch(
         replica_worker,
         n_replicas,
@@ -153,6 +180,7 @@ def serve_replicas(
         assignment,
         max_num_seqs,
         linear,
+        probes,
         threads_per_worker=threads_per_worker,
         timeout_s=timeout_s,
     )
@@ -160,7 +188,13 @@ def serve_replicas(
     for r in results:
         for i, out in zip(r["indices"], r["output_ids"]):
             outputs[i] = out
-    return ReplicaResult(outputs, assignment, [r["elapsed_s"] for r in results], sum(r["tokens"] for r in results))
+    return ReplicaResult(
+        outputs,
+        assignment,
+        [r["elapsed_s"] for r in results],
+        sum(r["tokens"] for r in results),
+        results[0]["probe_s"] if probes else None,
+    )
 
 
 __all__ = ["POLICIES", "ReplicaResult", "assign", "replica_worker", "serve_replicas"]

@@ -45,6 +45,9 @@ class Comm:
     reduce_scatter: str = "auto"
     timed: bool = True
     stats: dict[str, OpStats] = field(default_factory=dict)
+    trace: list | None = (
+        None  # set to [] to record (op, start, end) of every call (perf_counter: one clock for all ranks)
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.world_size, int) or self.world_size < 1:
@@ -70,8 +73,11 @@ class Comm:
         if x.is_cuda:
             torch.cuda.synchronize(x.device)  # the collective was launched, not finished
         s = self.stats[op]
+        t1 = time.perf_counter()
         s.calls += 1
-        s.seconds += time.perf_counter() - t0
+        s.seconds += t1 - t0
+        if self.trace is not None:
+            self.trace.append((op, t0, t1))
         s.payload_bytes += payload
         s.sent_bytes += sent_factor * payload
 

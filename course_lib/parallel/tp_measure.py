@@ -33,6 +33,9 @@ class TPStepTimes:
     allreduce_calls_per_step: int
     allreduce_bytes_per_step: int  # payload: Σ bytes of the (B, D) tensors reduced
     rank_step_median_s: list[float]
+    ops_per_step: int | None = None  # torch operators rank 0 dispatched in one decode step (all-reduces apart)
+    allreduce_wait_s: float | None = None  # per call, median: how long the first rank to arrive waited for the last
+    allreduce_pure_s: float | None = None  # per call, median: the call on the rank that arrived last (no waiting)
 
     @classmethod
     def from_ranks(cls, results: list[dict], batch: int, context: int, threads_per_worker: int) -> TPStepTimes:
@@ -48,6 +51,8 @@ class TPStepTimes:
             allreduce_calls_per_step=r0["calls"],
             allreduce_bytes_per_step=r0["bytes"],
             rank_step_median_s=[statistics.median(r["step"]) for r in results],
+            ops_per_step=r0.get("ops"),
+            **_wait_split([r["trace"] for r in results]),
         )
 
     @property
@@ -64,6 +69,39 @@ class TPStepTimes:
         )
 
 
+def _wait_split(traces: list[list]) -> dict:
+    """From every rank's (op, start, end) all-reduce calls: the median wait of the earliest arrival for the
+    latest (max start − min start) and the median call time of the latest arrival (the collective alone)."""
+    if len(traces) < 2 or not traces[0] or any(len(t) != len(traces[0]) for t in traces):
+        return {}
+    waits, pure = [], []
+    for calls in zip(*traces):
+        starts = [c[1] for c in calls]
+        last = max(range(len(calls)), key=lambda r: starts[r])
+        waits.append(max(starts) - min(starts))
+        pure.append(calls[last][2] - calls[last][1])
+    return {"allreduce_wait_s": statistics.median(waits), "allreduce_pure_s": statistics.median(pure)}
+
+
+def _count_ops(engine) -> int | None:
+    """Torch operators one decode step dispatches (a TorchDispatchMode counter); None where it cannot count."""
+    try:
+        from torch.utils._python_dispatch import TorchDispatchMode
+    except ImportError:
+        return None
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        engine.step()
+    return Count.n
+
+
 def _step_worker(
     rank: int, world_size: int, batch: int, context: int, repeats: int, warmup: int, model: str = "tiny-target"
 ) -> dict:
@@ -73,30 +111,38 @@ def _step_worker(
     from course_lib.engine.sampling import SamplingParams
     from course_lib.engine.scheduler import SchedulerConfig
 
-    max_len = context + warmup + repeats + 4
+    max_len = context + warmup + repeats + 6
     cfg = SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=max(batch * max_len, 256), max_model_len=max_len)
     engine = tp_engine(rank, world_size, model, config=cfg)
     gen = torch.Generator().manual_seed(0)  # the same prompts on every rank
-    params = SamplingParams(max_new_tokens=warmup + repeats + 2, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=warmup + repeats + 3, ignore_eos=True)
     for b in range(batch):
         engine.add_request(torch.randint(0, engine.model.vocab_size, (context,), generator=gen).tolist(), params)
     engine.step()  # the prefill of all prompts (first tokens)
     barrier = dist.barrier if world_size > 1 else (lambda: None)
     for _ in range(warmup):
         engine.step()
-    steps, comm_s, calls, nbytes = [], [], 0, 0
+    steps, comm_s, calls, nbytes, trace = [], [], 0, 0, []
+    comm = getattr(engine.model, "comm", None)
     for _ in range(repeats):
         barrier()  # start every rank's step together: the timer measures the step, not the skew
         engine.model.reset_stats()
+        if comm is not None:
+            comm.trace = []
         t0 = time.perf_counter()
         engine.step()
         steps.append(time.perf_counter() - t0)
         ar = engine.model.comm.stats["all_reduce"]
         comm_s.append(ar.seconds)
         calls, nbytes = ar.calls, ar.payload_bytes
+        trace += comm.trace if comm is not None else []
+    if comm is not None:
+        comm.trace = None
+    barrier()
+    ops = _count_ops(engine)  # one more step, counted (not timed)
     while engine.has_unfinished():
         engine.step()
-    return {"step": steps, "allreduce": comm_s, "calls": calls, "bytes": nbytes}
+    return {"step": steps, "allreduce": comm_s, "calls": calls, "bytes": nbytes, "trace": trace, "ops": ops}
 
 
 def tp_step_times(
@@ -140,15 +186,23 @@ def tp_generate_worker(
     max_new_tokens: int = 8,
     sequence_parallel: bool = False,
     model: str = "tiny-target",
-) -> list[list[int]]:
+    with_stats: bool = False,
+):
     """Greedy generation on one TP rank (run it under ``launch``): every rank runs the same requests in
-    lockstep and returns the same tokens."""
+    lockstep and returns the same tokens; with ``with_stats`` {"tokens", "comm": {op: {calls, payload_bytes,
+    sent_bytes}}}: what the rank's collectives were given over the whole run, from its own counters."""
+    from dataclasses import asdict
+
     from course_lib.engine.sampling import SamplingParams
 
     torch.set_num_threads(1)
     engine = tp_engine(rank, world_size, model, sequence_parallel=sequence_parallel)
+    engine.model.reset_stats()
     params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
-    return [r.output_ids for r in engine.generate(prompts, params)]
+    tokens = [r.output_ids for r in engine.generate(prompts, params)]
+    if not with_stats:
+        return tokens
+    return {"tokens": tokens, "comm": {op: asdict(st) for op, st in engine.model.comm.stats.items()}}
 
 
 def tp_generate(
@@ -158,9 +212,11 @@ def tp_generate(
     sequence_parallel: bool = False,
     timeout_s=180.0,
     model: str = "tiny-target",
-) -> list[list[list[int]]]:
-    """Greedy tokens of ``prompts`` from a TP group of ``world_size`` processes: one list per rank. The split
-    is checked before any process starts."""
+    with_stats: bool = False,
+) -> list:
+    """Greedy tokens of ``prompts`` from a TP group of ``world_size`` processes: one list per rank (with
+    ``with_stats``, one dict per rank with its collectives' counters too). The split is checked before any
+    process starts."""
     from course_lib.parallel.launcher import launch
     from course_lib.parallel.tp_load import check_split, model_config
 
@@ -174,6 +230,7 @@ def tp_generate(
         max_new_tokens,
         sequence_parallel,
         model,
+        with_stats,
         threads_per_worker=1,
         timeout_s=timeout_s,
     )
