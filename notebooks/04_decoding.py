@@ -788,7 +788,8 @@ my_smol_draft = None  # × plain greedy
 # %%
 # NBVAL_IGNORE_OUTPUT
 if HAVE_DRAFT:
-    sdraft = load_layer_draft(smol, "smollm2-135m-draft")
+    # packed weights only on a CPU, as the target: no plain copy of the draft's layers beside them
+    sdraft = load_layer_draft(smol, "smollm2-135m-draft", linear="packed" if DEV == "cpu" else "auto")
     smol_draft_rows = []
     draft_tasks = [("draft, free task", CHAT_FREE[0]), ("draft, grounded task 0", CHAT_GROUNDED[0])]
     for name, text in draft_tasks[: pick(1, 2)]:
@@ -820,11 +821,13 @@ print(
 # %% [markdown]
 # ### A prompt set: input-grounded vs free chat tasks
 #
-# One task is one number. Over all five chat tasks (three that copy their input, two with nothing to
-# copy), each at two or more γ with the run-to-run spread, the two proposers separate: prompt lookup is a
-# tool for the grounded kind, the draft model the only one that can guess on the free kind. Full mode
-# measures the set here; quick mode cannot afford 5 tasks × 3 methods on SmolLM2 and shows a recorded run
-# (the machine, the load and the command are printed with it; the command remakes it).
+# One task is one number. Over the five chat tasks (three that copy their input, two with nothing to
+# copy), each speed-up with its run-to-run spread (±), the prediction is that prompt lookup is a tool for
+# the grounded kind: on the free kind there is nothing to copy, and only a draft model can guess (the
+# draft's free-task run is the one above). Full mode measures the set here (lookup at γ 4 and 8, the
+# draft at γ 2-4); quick mode cannot afford 5 tasks on SmolLM2 and shows a recorded run of prompt lookup
+# (the machine, the load and the command are printed with it; the command remakes it; a run cut short
+# says "partial").
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -1071,7 +1074,7 @@ ax.plot(
     [r.batch for r in batch_rows],
     [r.predicted for r in batch_rows],
     "x--",
-    label="formula: tok/fwd ÷ ((γc + 1) · verify/plain), this batch's counts",
+    label="formula: tok/fwd ÷ ((Bγc + 1) · verify/plain), this batch's counts",
 )
 ax.axhline(1, color="grey", lw=0.8, label="break-even")
 ax.set_xscale("log", base=2)

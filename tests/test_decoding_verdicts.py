@@ -148,6 +148,7 @@ def test_assistant_defaults_are_the_installed_versions():
 def test_batch_formula_and_breakeven():
     rows = [batch_size.BatchRow(1, 1.0, 0.7, 2.0, 1.1, 3, 0.2), batch_size.BatchRow(8, 1.0, 1.2, 2.0, 2.0, 3, 0.2)]
     assert math.isclose(rows[0].predicted, 2.0 / (1.6 * 1.1))
+    assert math.isclose(rows[1].predicted, 2.0 / ((8 * 3 * 0.2 + 1) * 2.0))  # a step drafts B·γ tokens
     assert batch_size.breakeven(rows) == 8
     assert batch_size.breakeven(rows[:1]) is None
 

@@ -30,9 +30,11 @@ class BatchRow:
 
     @property
     def predicted(self) -> float:
-        """The refined formula at this batch: tokens per forward ÷ ((γc + 1) × verify/plain), with the counts
-        and the verify cost of this batch (the verify forward covers B·(γ + 1) tokens)."""
-        return self.tokens_per_forward / ((self.gamma * self.c + 1.0) * self.verify_over_plain)
+        """The refined formula at this batch: tokens per row per forward ÷ ((B·γ·c + 1) × verify/plain), with the
+        counts and the verify cost of this batch. c is the proposer's time per draft *token* over one verify
+        forward, and a step drafts B·γ tokens (the draft runs batched too), so one step costs B·γ·c + 1
+        verify forwards; the verify forward covers B·(γ + 1) tokens."""
+        return self.tokens_per_forward / ((self.batch * self.gamma * self.c + 1.0) * self.verify_over_plain)
 
 
 def breakeven(rows) -> int | None:

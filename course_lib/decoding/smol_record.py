@@ -45,14 +45,21 @@ def smol_engine(device: str = "cpu"):
 
 
 def tasks() -> list[tuple[str, str, str]]:
-    """(name, kind, user text) for every chat task: kind "grounded" or "free"."""
-    out = [(f"grounded {i}", "grounded", t) for i, t in enumerate(CHAT_GROUNDED)]
-    return out + [(f"free {i}", "free", t) for i, t in enumerate(CHAT_FREE)]
+    """(name, kind, user text) for every chat task, kind "grounded" or "free", the two kinds interleaved."""
+    g = [(f"grounded {i}", "grounded", t) for i, t in enumerate(CHAT_GROUNDED)]
+    f = [(f"free {i}", "free", t) for i, t in enumerate(CHAT_FREE)]
+    out = []
+    for i in range(max(len(g), len(f))):
+        out += g[i : i + 1] + f[i : i + 1]
+    return out
 
 
-def measure_prompt_set(smol, draft, task_list, lookup_gammas, draft_gammas, new_tokens: int, repeats: int) -> list:
+def measure_prompt_set(
+    smol, draft, task_list, lookup_gammas, draft_gammas, new_tokens: int, repeats: int, on_task=None
+) -> list:
     """Plain greedy, prompt lookup at ``lookup_gammas`` and ``draft`` (a layer draft Engine, or None to skip
-    it) at ``draft_gammas`` on each (name, kind, text) task: one dict per (task, method, γ) with ``FIELDS``."""
+    it) at ``draft_gammas`` on each (name, kind, text) task: one dict per (task, method, γ) with ``FIELDS``.
+    ``on_task(rows)``, if given, is called with the rows so far after each task (a recorder saves them)."""
     from course_lib.engine.speculative import DraftProposer, PromptLookupProposer
 
     if not task_list:
@@ -70,6 +77,8 @@ def measure_prompt_set(smol, draft, task_list, lookup_gammas, draft_gammas, new_
             rows.append(
                 {"task": name, "kind": kind, **{k: d[k] for k in FIELDS[2:] if k in d}, "tokens": len(b.outputs[0])}
             )
+        if on_task is not None:
+            on_task(rows)
     return rows
 
 
@@ -106,36 +115,51 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
-def record(lookup_gammas=(4, 8), draft_gammas=(2, 4), new_tokens: int = 128, repeats: int = 2) -> dict:
-    """Measure the whole prompt set on this machine (``torch.set_num_threads`` as the chapter times)."""
+def record(
+    lookup_gammas=(4, 8), draft_gammas=(2, 4), new_tokens: int = 128, repeats: int = 2, out: Path | None = None
+) -> dict:
+    """Measure the whole prompt set on this machine (``torch.set_num_threads`` as the chapter times); with
+    ``out``, the file is rewritten after every task (``"complete": false`` until the last)."""
     from course_lib.engine.speculative import load_layer_draft
     from course_lib.measure.hardware import detect_device, timing_threads
 
     load_before = os.getloadavg()[0]
     torch.set_num_threads(timing_threads())
     smol = smol_engine()
-    draft = load_layer_draft(smol, "smollm2-135m-draft")
-    rows = measure_prompt_set(smol, draft, tasks(), lookup_gammas, draft_gammas, new_tokens, repeats)
+    draft = load_layer_draft(smol, "smollm2-135m-draft", linear="packed") if draft_gammas else None
     import transformers
 
-    return {
-        "model": "smollm2-135m-instruct",
-        "draft": "smollm2-135m-draft",
-        "machine": detect_device("cpu").describe(),
-        "threads": torch.get_num_threads(),
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "load_before": load_before,
-        "load_after": os.getloadavg()[0],
-        "command": f"{COMMAND} --lookup-gammas {' '.join(map(str, lookup_gammas))} --draft-gammas "
-        f"{' '.join(map(str, draft_gammas))} --new-tokens {new_tokens} --repeats {repeats}",
-        "software": {
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-        },
-        "platform": platform.machine(),
-        "rows": rows,
-    }
+    def make(rows, complete):
+        return {
+            "model": "smollm2-135m-instruct",
+            "draft": "smollm2-135m-draft",
+            "machine": detect_device("cpu").describe(),
+            "threads": torch.get_num_threads(),
+            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "load_before": load_before,
+            "load_after": os.getloadavg()[0],
+            "command": f"{COMMAND} --lookup-gammas {' '.join(map(str, lookup_gammas))} --draft-gammas "
+            f"{' '.join(map(str, draft_gammas))} --new-tokens {new_tokens} --repeats {repeats}",
+            "software": {
+                "python": sys.version.split()[0],
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+            },
+            "platform": platform.machine(),
+            "tasks_measured": len({r["task"] for r in rows}),
+            "complete": complete,
+            "rows": rows,
+        }
+
+    def save(rows):
+        if out is not None:
+            Path(out).write_text(json.dumps(make(rows, False), indent=1) + "\n")
+
+    rows = measure_prompt_set(smol, draft, tasks(), lookup_gammas, draft_gammas, new_tokens, repeats, save)
+    rec = make(rows, True)
+    if out is not None:
+        Path(out).write_text(json.dumps(rec, indent=1) + "\n")
+    return rec
 
 
 def load_record(path: Path | None = None) -> dict:
@@ -151,23 +175,23 @@ def load_record(path: Path | None = None) -> dict:
 
 
 def label(rec: dict) -> str:
+    part = "" if rec.get("complete", True) else f" (partial: the first {rec.get('tasks_measured', '?')} tasks)"
     return (
         f"recorded {rec['measured_at'][:10]} on {rec['machine']}, {rec['threads']} thread(s), "
-        f"load average {rec['load_before']:.1f} before / {rec['load_after']:.1f} after: `{rec['command']}`"
+        f"load average {rec['load_before']:.1f} before / {rec['load_after']:.1f} after{part}: `{rec['command']}`"
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lookup-gammas", type=int, nargs="+", default=[4, 8])
-    ap.add_argument("--draft-gammas", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--draft-gammas", type=int, nargs="*", default=[2, 4], help="none: prompt lookup only")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
-    rec = record(a.lookup_gammas, a.draft_gammas, a.new_tokens, a.repeats)
     out = a.out or default_path()
-    out.write_text(json.dumps(rec, indent=1) + "\n")
+    rec = record(a.lookup_gammas, a.draft_gammas, a.new_tokens, a.repeats, out)
     print(table(rec["rows"]))
     print(f"wrote {out}")
     return 0
