@@ -82,6 +82,7 @@ from IPython.display import display
 import course_lib
 from course_lib.core import memory
 from course_lib.core.mode import pick
+from course_lib.core.paths import data_dir
 from course_lib.decoding import (
     assisted,
     batch_size,
@@ -89,12 +90,16 @@ from course_lib.decoding import (
     distribution,
     domains,
     explorer,
+    head_cost,
+    sampled,
+    smol_record,
     speedup,
     strategies,
+    verdicts,
     verify,
 )
 from course_lib.decoding.prompts import FREE_PROMPTS, GROUNDED_PROMPTS
-from course_lib.engine import Engine, SamplingParams
+from course_lib.engine import Engine, SamplingParams, SchedulerConfig
 from course_lib.engine.speculative import (
     DraftProposer,
     PromptLookupProposer,
@@ -119,8 +124,11 @@ NEW = pick(48, 128)  # new tokens per timed generation
 REPEATS = pick(3, 5)  # timed runs; the best (least disturbed) counts
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}; {NEW} new tokens, best of {REPEATS}")
 print(peaks.provenance)
-target = Engine("tiny-target", device=DEV)
-draft = Engine("tiny-draft", device=DEV)
+# a contiguous KV cache grows to the rows a call uses and keeps them: 32 rows of 512 tokens, not 64 of 1,024
+# (tiny-target's 200 MB at 64 rows), so the chapter fits Binder's 1.5 GB beside SmolLM2 later
+TINY_KV = SchedulerConfig(max_model_len=512, max_num_seqs=32)
+target = Engine("tiny-target", device=DEV, config=TINY_KV)
+draft = Engine("tiny-draft", device=DEV, config=TINY_KV)
 print(f"target: {target.model.num_layers} layers; draft: {draft.model.num_layers} layers; one tokenizer for both")
 
 # %% [markdown]
@@ -182,18 +190,23 @@ ids = target.encode(prompts)
 greedy = [r.output_ids for r in target.generate(ids, SamplingParams(max_new_tokens=24, ignore_eos=True))]
 beam = [target.beam_search(p, num_beams=4, max_new_tokens=24, ignore_eos=True) for p in ids]
 print(f"{'prompt':<34}{'greedy log p':>14}{'beam(4) log p':>15}")
-wins = 0
+wins = losses = 0
 for p, p_ids, g, b in zip(prompts, ids, greedy, beam):
     lg, lb = strategies.sequence_logprob(target, p_ids, g), strategies.sequence_logprob(target, p_ids, b)
     wins += lb > lg + 1e-6
+    losses += lb < lg - 1e-6
     print(f"{p.splitlines()[0][:32]:<34}{lg:>14.2f}{lb:>15.2f}")
 compare_prediction("share of prompts where beam search beats greedy", my_beam_wins, measured=wins / len(prompts))
+print(f"beam(4) likelier on {wins}, equal on {len(prompts) - wins - losses}, less likely on {losses} of {len(prompts)}")
 
 # %% [markdown]
-# Beam search finds a sequence the model rates more likely whenever greedy's early choice was not the
-# best start: a higher log-likelihood is exactly what it optimises. A more likely sequence is not always a
-# better one, though: on open-ended text, the most likely continuations are often bland or repetitive
-# (the "likelihood trap"), which is why chat models sample.
+# Beam search optimises the log-likelihood of the whole sequence, so it usually finds a likelier one than
+# greedy when greedy's early choice was not the best start. It is not guaranteed to: it keeps only the 4
+# best *partial* sequences at every step, and greedy's prefix can drop out of those 4 at some step even
+# though its continuation would have scored higher in the end (beam search is a pruned search, not an
+# exact one; a "less likely" count above 0 in the line above is that pruning). A more likely sequence is
+# not always a better one, either: on open-ended text, the most likely continuations are often bland or
+# repetitive (the "likelihood trap"), which is why chat models sample.
 
 # %% [markdown]
 # ### Top-k and top-p on a real distribution
@@ -214,9 +227,9 @@ for ax, text in zip(axes, ["def fibonacci(n):\n    if n <", "import"]):
         if cut.name.startswith("top-p"):
             ax.axvline(cut.kept - 0.5, ls="--", color="C1" if "0.5" in cut.name else "C3", label=cut.name)
     ax.axvline(9.5, ls=":", color="grey", label="top-k 10")
-    ax.set_title(f"after {text!r}", fontsize=9)
-    ax.set_xlabel("token rank")
-    ax.set_ylabel("probability")
+    ax.set_title(f"top-p adapts to the shape, top-k does not: after «{strategies.visible(text)}»", fontsize=9)
+    ax.set_xlabel("token rank (most likely first)")
+    ax.set_ylabel("probability (of 1)")
     ax.legend(fontsize=7)
 plt.tight_layout()
 plt.show()
@@ -246,10 +259,13 @@ fig, ax = plt.subplots(figsize=(6, 3.5), dpi=80)
 ax.plot([r[1] for r in rows], [r[2] for r in rows], "o-")
 for t, d, p in rows:
     ax.annotate(f"T={t}", (d, p), textcoords="offset points", xytext=(5, 5))
-ax.set_xlabel("diversity (distinct 2-grams over 8 samples)")
-ax.set_ylabel("perplexity under the model")
+ax.set_xlabel("diversity (share of distinct 2-grams over 8 samples)")
+ax.set_ylabel("perplexity under the model (log scale)")
+ax.set_title("higher T: more diverse samples, text the model finds less likely")
 ax.set_yscale("log")
 plt.show()
+measured_direction = "up" if rows[-1][1] > rows[0][1] else "down"
+print(f"diversity from T=0.5 to T=1.3: yours {my_temperature_diversity!r}, measured {measured_direction!r}")
 claim(
     "higher temperature → more diverse samples (distinct-2 at T=1.3 > at T=0.5)", rows[-1][1] / rows[0][1], at_least=1.0
 )
@@ -319,8 +335,10 @@ ax.plot(
     color="grey",
     label="k separate decode steps",
 )
+ax.axhline(costs[0].seconds * 1e3, color="C2", ls=":", label="theory at batch 1: the same as one token")
+ax.set_title("a forward over k tokens costs about one decode step (until k is large)")
 ax.set_xlabel("tokens in one forward (k)")
-ax.set_ylabel("ms")
+ax.set_ylabel("time of one forward (ms, log scale)")
 ax.set_xscale("log", base=2)
 ax.set_yscale("log")
 ax.legend()
@@ -379,17 +397,24 @@ print(
     f"tokens per forward, measured {best_draft.tokens_per_forward:.2f}; formula speed-up "
     f"{expected_speedup(best_draft.alpha, best_draft.gamma, best_draft.c):.2f}×"
 )
+near = speedup.near_best(draft_rows)
+formula_gamma = verdicts.formula_gamma(draft_rows)  # the formula's best among the swept γs
 print(
-    f"best γ: yours {my_best_gamma}, measured {best_draft.gamma}, "
-    f"formula's best for α={best_draft.alpha:.2f}, c={best_draft.c:.2f}: {best_gamma(best_draft.alpha, best_draft.c)}"
+    f"best γ: yours {my_best_gamma}, measured {best_draft.gamma} (±{best_draft.spread:.0%} over {REPEATS} rounds); "
+    f"γs within each other's spread of the best: {near}; formula's best for α={best_draft.alpha:.2f}, "
+    f"c={best_draft.c:.2f}: {formula_gamma} of those swept ({best_gamma(best_draft.alpha, best_draft.c)} of 1..16)"
 )
+verdicts.formula_gamma_near_best(draft_rows)
 
 # %% [markdown]
 # The columns: **α** is accepted ÷ *judged* drafts (a draft after the first rejection is never judged, so
 # it does not count against α); **tok/fwd** is tokens gained per target forward; **c** is the draft's
 # time per token ÷ one verify forward; **verify/plain** is one verify forward ÷ one plain decode step;
+# **±** is the speed-up's run-to-run spread over the timing rounds (half the range over the median);
 # **formula** is E/(γc + 1) with this run's α and c; **refined** also puts in the drafts actually proposed
 # per step and the verify/plain ratio; **same** says whether the output is token-identical to plain greedy.
+# A "best γ" is the largest of noisy numbers (the winner's curse): the γs whose spreads overlap the best
+# one's are printed as a set, and the formula's best γ is judged against that set.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -398,31 +423,20 @@ print("every γ token-identical to plain greedy:", all(r.identical for r in draf
 # %%
 # NBVAL_IGNORE_OUTPUT
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), dpi=80)
-speedup.plot_gamma_sweep(draft_rows, ax=axes[0], title="tiny-draft: speed-up vs γ")
+speedup.plot_gamma_sweep(draft_rows, ax=axes[0], title="tiny-draft: the formula (α, c of each run) vs the stopwatch")
 for r in draft_rows:
     axes[1].plot(range(1, r.gamma + 1), r.acceptance_at, "o-", label=f"γ={r.gamma}")
-axes[1].axhline(best_draft.alpha, color="grey", ls="--", label=f"overall α (best γ) = {best_draft.alpha:.2f}")
+axes[1].axhline(best_draft.alpha, color="grey", ls="--", label=f"i.i.d. theory: α (best γ) = {best_draft.alpha:.2f}")
+axes[1].set_title("acceptance is not i.i.d.: it depends on the position")
 axes[1].set_xlabel("draft position j")
 axes[1].set_ylabel("P(accept j | 1..j−1 accepted)")
 axes[1].set_ylim(0, 1.05)
 axes[1].legend(fontsize=7)
 plt.tight_layout()
 plt.show()
-ratio = best_draft.speedup / best_draft.predicted
-claim(
-    "at the best γ the textbook formula (α, c measured in the same run) predicts the speed-up within ±15%",
-    abs(ratio - 1),
-    at_most=0.15,
-    why_not=f"measured/formula = {ratio:.2f}, and one verify forward cost {best_draft.verify_over_plain:.2f} plain "
-    "steps here where the formula assumes 1: see the list below",
-)
-refined = best_draft.speedup / best_draft.predicted_refined
-claim(
-    "the refined formula (verify cost and drafts per step measured too) predicts it within ±15%",
-    abs(refined - 1),
-    at_most=0.15,
-    why_not=f"measured/refined = {refined:.2f}: time spent outside the draft and verify forwards",
-)
+# measured ÷ formula, with the speed-up's spread over the timing rounds (α and c are counts, not timings)
+verdicts.formula_within(best_draft, 0.15)
+verdicts.formula_within(best_draft, 0.15, refined=True)
 e_iid = expected_tokens(best_draft.alpha, best_draft.gamma)
 print(
     f"tokens per forward: measured {best_draft.tokens_per_forward:.2f}, i.i.d. model E(α, γ) {e_iid:.2f} "
@@ -435,9 +449,10 @@ print(
 # read off the table:
 #
 # * **A verify forward is not a plain decode step.** The formula assumes a forward over γ + 1 tokens
-#   costs the same as over one. Section 2 measured a few percent more for the forward alone, and the
-#   verify step also runs the acceptance test row by row in Python. The verify/plain column is the
-#   measured ratio; the "refined" column divides by it, and by the drafts actually proposed per step.
+#   costs the same as over one. Section 2 measured what it costs for the forward alone (its k = γ + 1
+#   row, printed there), and the verify step also runs the acceptance test row by row in Python, so the
+#   verify/plain column here is larger still. The "refined" column divides by that measured ratio, and
+#   puts in the drafts actually proposed per step.
 # * **α is not independent.** The i.i.d. model says every position accepts with the same α. The right
 #   plot shows the conditional acceptance per position. It is not flat: after a hit, the next draft is
 #   more often right (a line of code the draft knows well is right token after token), but the first
@@ -466,8 +481,9 @@ display(
 # With sampling, speculative decoding accepts a draft x drawn from the draft's q with probability
 # min(1, p(x)/q(x)), and at the first rejection draws from norm(max(0, p − q)). The output then follows the
 # target's p exactly: not approximately, exactly (Leviathan et al., appendix; the test
-# `tests/test_speculative.py` checks it with a chi-square bound). Here: the first sampled token, many seeds,
-# speculative vs plain sampling vs the target's own p.
+# `tests/test_speculative.py` checks it with the total-variation distance and a Hoeffding bound on its
+# sampling noise). Here: the first sampled token, many seeds, speculative vs plain sampling vs the
+# target's own p.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -478,10 +494,13 @@ top = check.p.topk(8).indices
 fig, ax = plt.subplots(figsize=(8, 3.2), dpi=80)
 w = 0.27
 xs = torch.arange(len(top))
-ax.bar(xs - w, check.p[top], w, label="target p")
+ax.bar(xs - w, check.p[top], w, label="target p (theory)")
 ax.bar(xs, check.spec_counts[top] / check.spec_counts.sum(), w, label="speculative samples")
 ax.bar(xs + w, check.plain_counts[top] / check.plain_counts.sum(), w, label="plain samples")
-ax.set_xticks(xs, [repr(target.tokenizer.decode([int(t)])) for t in top], fontsize=8)
+ax.set_xticks(xs, [strategies.visible(target.tokenizer.decode([int(t)])) for t in top], fontsize=8)
+ax.set_title("speculative sampling draws the first token from the target's p (8 likeliest tokens; ↵ newline, ␣ space)")
+ax.set_xlabel("first sampled token after «def fibonacci(n):»")
+ax.set_ylabel("probability / share of samples")
 ax.legend()
 plt.show()
 print(
@@ -495,10 +514,39 @@ claim(
 )
 
 # %% [markdown]
+# **Why α = 1 − TV(p, q).** A draft x ~ q is accepted with probability min(1, p(x)/q(x)), so the chance of
+# accepting at a context is Σₓ q(x)·min(1, p(x)/q(x)) = Σₓ min(p(x), q(x)) = 1 − TV(p, q): the
+# acceptance rate *is* the overlap of the two distributions (Leviathan et al. call it β). A measurement of
+# the identity on the engine: speculative sampling over many seeds, the context at which every step
+# judged its first draft read back from the run, and 1 − TV(p, q) computed there from both models'
+# logits. If the identity holds, the count of first drafts accepted is a sum of Bernoulli trials with
+# those probabilities, so it lands within about 3 standard deviations of their sum.
+#
+# Then the speed of that same sampling mode (temperature 1, γ = 3, the proposer whose output the
+# histogram above checked): every other timing in this chapter is greedy.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ident = sampled.alpha_tv_identity(target, draft, "def fibonacci(n):", gamma=3, rows=pick(16, 64), new_tokens=32)
+print(
+    f"{ident.judged} first drafts judged: accepted {ident.accepted} ({ident.measured_alpha:.3f}); "
+    f"Σ(1 − TV(p, q)) at those contexts {ident.expected:.1f} ({ident.predicted_alpha:.3f}); z = {ident.z:+.2f}"
+)
+verdicts.identity_holds(ident, 3.0)
+srun = sampled.sampled_run(target, DraftProposer(draft), 3, "def fibonacci(n):", 1.0, NEW, REPEATS)
+print(
+    f"sampling at T = 1, γ = 3: plain {srun.plain_seconds * 1e3:.0f} ms, speculative {srun.seconds * 1e3:.0f} ms → "
+    f"{srun.speedup:.2f}× (±{srun.spread:.0%}); α {srun.alpha:.2f}, {srun.tokens_per_forward:.2f} tokens per forward; "
+    f"greedy at its best γ gave {best_draft.speedup:.2f}× with α {best_draft.alpha:.2f}"
+)
+
+# %% [markdown]
 # ## 5 · Raising α: a distilled draft, and what kind of text drafts get right
 #
 # Chapter 03 distilled **tiny-draft-distilled**: the same size as tiny-draft, trained on tiny-target's
-# soft predictions. Higher agreement should mean higher α at the same c.
+# soft predictions (T²·KL on the teacher's distribution plus cross-entropy). The hope is a higher α at the
+# same c. Whether it came true is measured twice below: on held-out text (teacher-forced, 127k tokens,
+# shipped with the model) and on this chapter's one prompt (a run of 48 tokens).
 #
 # *Predict:* which is easier for a small draft to guess: code, comments or docstrings?
 
@@ -507,9 +555,9 @@ my_easiest_domain = None  # "code", "comment" or "docstring"
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-distilled = Engine("tiny-draft-distilled", device=DEV)
+distilled = Engine("tiny-draft-distilled", device=DEV, config=TINY_KV)
 distilled_rows = speedup.gamma_sweep(
-    target, lambda: DraftProposer(distilled), base, pick([2, 3, 4], [2, 3, 4, 5, 6]), "tiny-draft-distilled", REPEATS
+    target, lambda: DraftProposer(distilled), base, pick([2, 3], [2, 3, 4, 5, 6]), "tiny-draft-distilled", REPEATS
 )
 print(speedup.table(distilled_rows))
 sources = domains.validation_sources(pick(3, 12), pick(5000, 20000))
@@ -521,7 +569,8 @@ fig, ax = plt.subplots(figsize=(7, 3.2), dpi=80)
 for i, (name, agree) in enumerate(by_domain.items()):
     ax.bar([j + 0.4 * i for j in range(3)], [agree.rate(d) for d in ("code", "comment", "docstring")], 0.4, label=name)
 ax.set_xticks([0.2, 1.2, 2.2], ["code", "comment", "docstring"])
-ax.set_ylabel("greedy agreement with tiny-target")
+ax.set_ylabel("greedy agreement with tiny-target (share of tokens)")
+ax.set_title("drafts agree with the target most on code")
 ax.legend()
 plt.show()
 for name, agree in by_domain.items():
@@ -545,8 +594,32 @@ claim(
     sum(by_domain["tiny-draft-distilled"].agree.values()),
     at_least=sum(by_domain["tiny-draft"].agree.values()),
 )
+shipped = json.loads((data_dir() / "models" / "tiny-draft-distilled" / "comparison.json").read_text())["models"]
+print(
+    "shipped, teacher-forced on 127k held-out tokens (chapter 03's comparison.json): expected acceptance "
+    + ", ".join(f"{n} {m['vs_target']['accept']:.3f}" for n, m in shipped.items())
+    + "; greedy agreement "
+    + ", ".join(f"{n} {m['vs_target']['agreement']:.3f}" for n, m in shipped.items())
+)
+for n in ("tiny-draft", "tiny-draft-distilled"):
+    log = json.loads((data_dir() / "models" / n / "train_log.json").read_text())["log"]
+    print(
+        f"{n} training log, validation loss (tokens evaluated): "
+        + ", ".join(f"{r['val']['loss']:.2f} ({r['val']['tokens'] // 1000}k)" for r in log[-3:])
+    )
+distilled = None  # the engine is done with; its rows stay for the summary table
 
 # %% [markdown]
+# **What distillation bought here.** On held-out text the distilled draft agrees with the target more
+# often than the scratch draft, by the margin the shipped comparison prints: a real but small gain, far
+# from "exactly what a draft needs". On the one 48-token prompt the measured α is a count over a few dozen
+# drafts, and it can fall either way (the first verdict above). Both training logs seem to end with the
+# validation loss rising, but their last point is evaluated on about four times more tokens than the
+# points before it (the numbers in brackets): a different sample, so the last step is not comparable
+# with the others and says nothing about over-fitting. A larger gain needs
+# more than the same corpus and budget: data the target itself generates (its own outputs, as EAGLE and
+# Medusa-2 train on) or early stopping on α rather than on loss.
+#
 # Code is the draft's home ground: syntax, indentation and names repeat, and a small model learns them.
 # Comments and docstrings are prose, where the next word depends on meaning, which a 0.6 M-parameter model
 # grasps far less well than a 5 M one. The same holds at scale: the pair and the kind of text decide α,
@@ -573,9 +646,7 @@ my_lookup_free = None  # × plain
 # %%
 # NBVAL_IGNORE_OUTPUT
 lookup = lambda: PromptLookupProposer(ngram=2, max_ngram=4)  # noqa: E731
-lookup_rows = speedup.gamma_sweep(
-    target, lookup, base, pick([2, 4, 6, 8], [2, 3, 4, 6, 8, 10]), "lookup (grounded)", REPEATS
-)
+lookup_rows = speedup.gamma_sweep(target, lookup, base, pick([4, 8], [2, 3, 4, 6, 8, 10]), "lookup (grounded)", REPEATS)
 free_base = speedup.baseline(target, FREE_PROMPTS[:1], NEW, REPEATS)
 free_rows = speedup.gamma_sweep(target, lookup, free_base, pick([4], [2, 4, 8]), "lookup (free)", REPEATS)
 print(speedup.table(lookup_rows + free_rows))
@@ -584,17 +655,19 @@ compare_prediction(
     "prompt lookup, grounded prompt", my_lookup_grounded, theory=best_lookup.predicted, measured=best_lookup.speedup
 )
 compare_prediction("prompt lookup, free prompt", my_lookup_free, measured=speedup.best_row(free_rows).speedup)
-claim(
-    "prompt lookup gives ≥ 1.5× on an input-grounded prompt, output identical",
-    best_lookup.speedup * best_lookup.identical,
-    at_least=1.5,
+verdicts.speedup_at_least(best_lookup, 1.5, "prompt lookup gives ≥ 1.5× on an input-grounded prompt, output identical")
+free_rep = strategies.repetition_rate(free_base.outputs[0])
+print(
+    f"the free prompt's greedy output repeats {free_rep:.0%} of its 4-grams: what lookup copies there is its own loop"
 )
 print("published:", references.cite("prompt_lookup_decoding", link=False))
 
 # %% [markdown]
 # The free prompt has nothing to copy at first. Whatever it gains comes from the model's own output:
-# a 5 M-parameter model's greedy text soon repeats itself (section 1), and lookup then copies from it. A
-# large model loops far less, so expect much less there. When nothing matches, the proposer offers
+# a 5 M-parameter model's greedy text soon repeats itself (section 1, and the repeated 4-grams printed
+# above), and lookup then copies from it. That inflates every draft-free proposer on this model, lookahead
+# included (section 8). A model that talks loops far less: section 6b separates input-grounded from
+# free chat tasks on SmolLM2, where this difference decides the result. When nothing matches, the proposer offers
 # nothing and the step is a plain decode: prompt lookup costs almost nothing when it fails, which is why
 # serving engines turn it on freely. The drafts offered per step tell the two prompts apart:
 
@@ -620,21 +693,15 @@ my_smol_lookup = None  # × plain greedy
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from course_lib.core.paths import data_dir  # noqa: E402
 from course_lib.decoding import draft_cost, layer_draft_train  # noqa: E402
 from course_lib.decoding.prompts import CHAT_FREE, CHAT_GROUNDED, chat_ids  # noqa: E402
-from course_lib.engine import SchedulerConfig  # noqa: E402
 from course_lib.engine.speculative import load_layer_draft  # noqa: E402
 
 memory.trim_heap()  # what the tiny models' sections freed goes back to the OS before the real model loads
-# on a CPU, oneDNN's packed weights only (linear="packed"): the default "auto" keeps the plain weights
-# beside the packed copy (+0.5 GB, past Binder's 1.5 GB); plain and speculative decoding share the engine
-smol = Engine(
-    "smollm2-135m-instruct",
-    device=DEV,
-    config=SchedulerConfig(max_model_len=512, max_num_seqs=1),
-    linear="packed" if DEV == "cpu" else "auto",
-)
+# one SmolLM2 engine for the whole section (1 sequence, 512 KV slots); on a CPU oneDNN's packed weights
+# only (linear="packed"): the default "auto" keeps the plain weights beside the packed copy (+0.5 GB,
+# past Binder's 1.5 GB); plain decoding, lookup and the draft all share it
+smol = smol_record.smol_engine(DEV)
 SMOL_NEW = pick(64, 160)  # at most; each answer ends at its end-of-turn token
 SMOL_REPEATS = pick(2, REPEATS)
 smol_bytes = draft_cost.draft_bytes(smol, smol.model.num_layers, smol.model.vocab_size)
@@ -648,7 +715,7 @@ smol_lookup_rows = []
 for i, ids_ in enumerate(smol_tasks):
     b = speedup.baseline(smol, [ids_], SMOL_NEW, SMOL_REPEATS, ignore_eos=False)
     smol_lookup_rows += speedup.gamma_sweep(
-        smol, lookup, b, pick([4, 8], [2, 4, 6, 8, 10]), f"lookup, task {i}", SMOL_REPEATS
+        smol, lookup, b, pick([8], [2, 4, 6, 8, 10]), f"lookup, task {i}", SMOL_REPEATS
     )
     print(f"--- task {i}: {len(b.outputs[0])} tokens\n{smol.tokenizer.decode(b.outputs[0])}")
 print(speedup.table(smol_lookup_rows))
@@ -659,10 +726,10 @@ compare_prediction(
     theory=best_smol_lookup.predicted,
     measured=best_smol_lookup.speedup,
 )
-claim(
+verdicts.speedup_at_least(
+    best_smol_lookup,
+    1.5,
     "prompt lookup gives ≥ 1.5× on SmolLM2's input-grounded chat task, output token-identical",
-    best_smol_lookup.speedup * best_smol_lookup.identical,
-    at_least=1.5,
     why_not="the model did not copy its input faithfully on this task (see the α column and the answer above)",
 )
 
@@ -721,13 +788,14 @@ my_smol_draft = None  # × plain greedy
 # %%
 # NBVAL_IGNORE_OUTPUT
 if HAVE_DRAFT:
-    sdraft = load_layer_draft(smol, "smollm2-135m-draft")
+    # packed weights only on a CPU, as the target: no plain copy of the draft's layers beside them
+    sdraft = load_layer_draft(smol, "smollm2-135m-draft", linear="packed" if DEV == "cpu" else "auto")
     smol_draft_rows = []
     draft_tasks = [("draft, free task", CHAT_FREE[0]), ("draft, grounded task 0", CHAT_GROUNDED[0])]
     for name, text in draft_tasks[: pick(1, 2)]:
         b = speedup.baseline(smol, [chat_ids(smol.tokenizer, text)], SMOL_NEW, SMOL_REPEATS, ignore_eos=False)
         smol_draft_rows += speedup.gamma_sweep(
-            smol, lambda: DraftProposer(sdraft), b, pick([2, 4], [1, 2, 3, 4, 5, 6]), name, SMOL_REPEATS
+            smol, lambda: DraftProposer(sdraft), b, pick([3], [1, 2, 3, 4, 5, 6]), name, SMOL_REPEATS
         )
     print(speedup.table(smol_draft_rows))
     best_sd = speedup.best_row(smol_draft_rows)
@@ -736,10 +804,10 @@ if HAVE_DRAFT:
     print(f"c: measured {best_sd.c:.3f}, predicted from bytes {c_pred:.3f}")
     a_need = draft_cost.alpha_needed(1.5, best_sd.c)
     best_formula = max(expected_speedup(best_sd.alpha, g, best_sd.c) for g in range(1, 17))
-    claim(
+    verdicts.speedup_at_least(
+        best_sd,
+        1.5,
         "the distilled draft gives SmolLM2 ≥ 1.5× at batch 1, output token-identical",
-        best_sd.speedup * best_sd.identical,
-        at_least=1.5,
         why_not=f"with c = {best_sd.c:.3f} the formula needs α ≥ {a_need:.2f} for 1.5×; this draft's α = {best_sd.alpha:.2f} "
         f"gives at most {best_formula:.2f}× at any γ",
     )
@@ -749,6 +817,41 @@ if HAVE_DRAFT:
 print(
     "every SmolLM2 draft run token-identical to plain greedy:", HAVE_DRAFT and all(r.identical for r in smol_draft_rows)
 )
+
+# %% [markdown]
+# ### A prompt set: input-grounded vs free chat tasks
+#
+# One task is one number. Over the five chat tasks (three that copy their input, two with nothing to
+# copy), each speed-up with its run-to-run spread (±), the prediction is that prompt lookup is a tool for
+# the grounded kind: on the free kind there is nothing to copy, and only a draft model can guess (the
+# draft's free-task run is the one above). Full mode measures the set here (lookup at γ 4 and 8, the
+# draft at γ 2-4); quick mode cannot afford 5 tasks on SmolLM2 and shows a recorded run of prompt lookup
+# (the machine, the load and the command are printed with it; the command remakes it; a run cut short
+# says "partial").
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if course_lib.mode() == "full" and HAVE_DRAFT:
+    set_rows = smol_record.measure_prompt_set(smol, sdraft, smol_record.tasks(), [4, 8], [2, 3, 4], 128, REPEATS)
+    print("measured in this run")
+else:
+    rec = smol_record.load_record()
+    set_rows = rec["rows"]
+    print(smol_record.label(rec))
+print(smol_record.table(set_rows))
+kinds = {
+    (m, k): smol_record.summary(set_rows, m, k)
+    for m in ("prompt lookup", "layer draft")
+    for k in ("grounded", "free")
+    if any(r["method"] == m and r["kind"] == k for r in set_rows)
+}
+for (m, k), v in kinds.items():
+    print(
+        f"{m:<14} on {k:<8} tasks ({v['tasks']}), each at its best γ: median {v['median']:.2f}× "
+        f"(range {v['min']:.2f}–{v['max']:.2f}×), median α {v['alpha']:.2f}"
+    )
+verdicts.grounded_over_free(set_rows, 1.3)
+print("every run of the set token-identical to plain greedy:", all(r["identical"] for r in set_rows))
 smol = sdraft = None  # the rest of the chapter runs on the tiny models: give SmolLM2's memory back
 memory.trim_heap()
 
@@ -768,11 +871,12 @@ memory.trim_heap()
 # target's last hidden state: head k predicts the token k + 1 positions ahead, all from the same forward that
 # produced the next token. Guessing costs a few small matmuls instead of a model's worth of layers; the
 # target still verifies every guess. The course trained 4 heads on the frozen tiny-target offline (15 min;
-# command and card in `data/models/tiny-target-medusa/`). Here is their training log:
+# command and card in `data/models/tiny-target-medusa/`). Here is their shipped training log (a few fresh
+# steps here would only show a loss at its start):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from course_lib.decoding import medusa_speed, medusa_train  # noqa: E402
+from course_lib.decoding import medusa_speed  # noqa: E402
 from course_lib.engine.speculative import medusa, medusa_tree  # noqa: E402
 
 heads = medusa.load_medusa("tiny-target-medusa", target)
@@ -791,17 +895,17 @@ for k in range(heads.num_heads):
         "o-",
         label=f"head {k + 1} (t+{k + 2})",
     )
-axes[0].set_xlabel("step")
-axes[0].set_ylabel("train loss")
-axes[1].set_xlabel("step")
-axes[1].set_ylabel("validation top-1 accuracy")
+axes[0].set_title("Medusa heads on the frozen tiny-target: training loss per head")
+axes[0].set_xlabel("optimizer step")
+axes[0].set_ylabel("train loss (cross-entropy, nats)")
+axes[1].set_title("head k guesses t+k+1: accuracy falls with k")
+axes[1].set_xlabel("optimizer step")
+axes[1].set_ylabel("validation top-1 accuracy (share)")
 for ax in axes:
     ax.legend(fontsize=7)
 plt.tight_layout()
 plt.show()
 print("final validation top-1 per head:", [round(x, 3) for x in mlog["log"][-1]["val"]["top1"]])
-quick = medusa_train.train_heads(target, num_heads=2, steps=pick(3, 30), batch=pick(2, 8), seq_len=128)
-print("a few steps of fresh heads here (total loss per step):", " ".join(f"{r['loss']:.2f}" for r in quick["train"]))
 
 # %% [markdown]
 # Each head guesses a token further away with less context, so accuracy falls with k. A wrong guess at head
@@ -848,12 +952,37 @@ claim(
     "than a one-token step (see the verify/plain column)",
 )
 print("published:", references.cite("medusa_speedup", link=False))
+print("published:", references.cite("eagle_speedup", link=False))
 
 # %% [markdown]
-# Medusa pays when the heads are tiny next to the model: on a 7B model a head is a 4096 × 4096 block plus
-# the shared vocabulary projection, well under 1% of the weights, and the verify forward is free on a GPU
-# that has FLOPs to spare. On a 5 M-parameter model running on a CPU, neither holds. The tokens per forward
-# are the part that transfers: they depend on the heads' accuracy, not on the machine.
+# **What a head weighs.** Each Medusa-1 head is a D × D residual block *and its own* D × V projection to
+# the vocabulary (the paper's heads and `medusa.py` alike), so its size is set by the vocabulary, computed
+# here from each model's config:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from course_lib.models.accounting import ModelShape  # noqa: E402
+
+shapes = [ModelShape.from_name(n) for n in ("llama-2-7b", "mistral-7b", "llama-3-8b")]
+print(head_cost.table(shapes + [ModelShape.from_embedded("tiny-target")], heads=5))
+
+# %% [markdown]
+# On a 7B Llama one head is about 2% of the weights and five heads about a tenth; with Llama 3's 128k
+# vocabulary a head is several times more. That is the cost c of section 3 on a bandwidth-bound step:
+# the heads' bytes are read at every step beside the model's. On the 5 M-parameter tiny-target a head is
+# a fifth of the model, which is why the verdict above can fail here. The tokens per forward are the part
+# that transfers: they depend on the heads' accuracy, not on the machine.
+#
+# **EAGLE** (Li et al. 2024) drafts at the feature level instead: a single decoder layer of the target's
+# shape takes the target's last hidden state *and the embedding of the token just sampled*, predicts the
+# next hidden state, and reuses the target's own LM head (and embedding) to turn it into a token; then it
+# runs again on its own output. The accounting against Medusa, from the table: its own weights are one
+# layer (a few % of a 7B model, fixed), not one vocabulary projection per drafted position; each draft
+# token does read the shared LM head once, so its c per token is about one layer plus the head, close to a
+# Medusa head's; and, what decides it, draft k knows which token was sampled at k − 1, where Medusa's head k
+# guesses t + k + 1 from h_t alone and loses accuracy with every k (the right plot above). Higher α at
+# the same c is the whole formula: the papers report about 2× for Medusa-1 and about 3× for EAGLE on 13B
+# chat models (printed below).
 
 # %% [markdown]
 # ## 8 · Jacobi and lookahead decoding: guessing with the target itself
@@ -941,17 +1070,29 @@ batch_rows = batch_size.batch_sweep(
 )
 fig, ax = plt.subplots(figsize=(6, 3.5), dpi=80)
 ax.plot([r.batch for r in batch_rows], [r.speedup for r in batch_rows], "o-", label=f"tiny-draft, γ={best_draft.gamma}")
-ax.axhline(1, color="grey", lw=0.8)
+ax.plot(
+    [r.batch for r in batch_rows],
+    [r.predicted for r in batch_rows],
+    "x--",
+    label="formula: tok/fwd ÷ ((Bγc + 1) · verify/plain), this batch's counts",
+)
+ax.axhline(1, color="grey", lw=0.8, label="break-even")
 ax.set_xscale("log", base=2)
-ax.set_xlabel("batch size")
-ax.set_ylabel("speed-up over plain greedy")
-ax.legend()
+ax.set_title("speculation stops paying as the batch grows")
+ax.set_xlabel("batch size (sequences per step)")
+ax.set_ylabel("speed-up over plain greedy (×)")
+ax.legend(fontsize=7)
 plt.show()
 for r in batch_rows:
     print(
         f"batch {r.batch:>3}: plain {r.plain_seconds * 1e3:7.1f} ms, speculative {r.spec_seconds * 1e3:7.1f} ms "
-        f"→ {r.speedup:.2f}×; verify forward = {r.verify_over_plain:.2f} plain steps"
+        f"→ {r.speedup:.2f}× (formula {r.predicted:.2f}×); verify forward = {r.verify_over_plain:.2f} plain steps"
     )
+even = batch_size.breakeven(batch_rows)
+print(
+    f"break-even batch: yours {my_breakeven_batch}, measured "
+    + (f"{even} (the first swept batch below 1×)" if even else f"beyond {batch_rows[-1].batch} (it won at every batch)")
+)
 print("published:", references.cite("vllm_speculative_decoding", link=False))
 claim(
     "the speed-up at the largest batch is below the speed-up at batch 1",
@@ -963,29 +1104,69 @@ claim(
 # ## 10 · The same pair through `transformers`
 #
 # `transformers` has speculative decoding built in as *assisted generation* (`generate(...,
-# assistant_model=draft)`). Same models, same prompt, greedy: is its output the same as ours, and how do
-# the speeds compare?
+# assistant_model=draft)`). Its defaults, read from the installed version below, are not ours: up to
+# `num_assistant_tokens` drafts per step on a `"constant"` schedule, and the draft stops early once its own
+# top probability falls below `assistant_confidence_threshold`. Like with like: it runs once at its
+# defaults and once at our best γ with the schedule constant and no confidence stop. Same models, same
+# prompt, greedy. Each framework is judged by its speed-up over *its own* plain `generate`: comparing our
+# speculative time with its assisted time would measure the two loops (ours is written for exactly this,
+# its is the generic `generate`), not speculation.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-hf = assisted.hf_assisted(target, draft, base, REPEATS)
+import transformers  # noqa: E402
+
+hf = assisted.hf_assisted(target, draft, base, REPEATS, gamma=best_draft.gamma)
 ours = best_draft.seconds
-print(
-    f"transformers plain {hf['plain_s'] * 1e3:.1f} ms, assisted {hf['assisted_s'] * 1e3:.1f} ms "
-    f"({hf['plain_s'] / hf['assisted_s']:.2f}× its own plain); identical to our greedy: {hf['identical']}"
-)
-print(f"ours: plain {base.seconds * 1e3:.1f} ms, speculative (γ={best_draft.gamma}) {ours * 1e3:.1f} ms")
-claim(
-    "our speculative decoding is at least as fast as transformers' assisted generation",
-    hf["assisted_s"] / ours,
-    at_least=1.0,
-)
+hf_default, hf_same = hf["plain_s"] / hf["assisted_s"], hf["plain_s"] / hf["same_gamma_s"]
+print(f"transformers {transformers.__version__}, assistant defaults: {hf['defaults']}")
+print(f"{'':<44}{'plain ms':>10}{'speculative ms':>16}{'over its own plain':>20}{'same tokens':>13}")
+rows_hf = [
+    ("transformers, its defaults", hf["plain_s"], hf["assisted_s"], hf["identical"]),
+    (
+        f"transformers, γ={best_draft.gamma} constant, no confidence stop",
+        hf["plain_s"],
+        hf["same_gamma_s"],
+        hf["same_gamma_identical"],
+    ),
+    (f"ours, γ={best_draft.gamma}", best_draft.plain_seconds, ours, best_draft.identical),
+]
+for name, p_, s_, same in rows_hf:
+    print(f"{name:<44}{p_ * 1e3:>10.1f}{s_ * 1e3:>16.1f}{p_ / s_:>19.2f}×{str(same):>13}")
+print(f"loops alone: transformers' plain generate ÷ ours = {hf['plain_s'] / best_draft.plain_seconds:.2f}×")
 
 # %% [markdown]
-# `transformers` adapts γ with a heuristic (more drafts after a fully accepted step, fewer after a
-# rejection) and runs its generic `generate` loop around each step; ours is a loop written for exactly
-# this, over a flat batch. On a model this small the loop is a large part of the time, which is most of
-# the difference.
+# Read the speed-ups, not the milliseconds: the plain loops differ (the last line), and on a model this
+# small the loop around each step is a large part of the time, so each framework's speculative run is
+# compared with its own plain run. At the same γ the two implementations do the same arithmetic; what is
+# left between their speed-ups is each loop's per-step overhead in the draft and verify calls. Its
+# defaults (20 drafts, cut by the confidence stop) are tuned for large pairs where a draft token is cheap;
+# the "heuristic" schedule (more drafts after a full acceptance, fewer after a rejection) is an option,
+# not the default, in this version.
+#
+# ## 10b · Beyond this chapter: the family, and who ships what
+#
+# * **Blockwise parallel decoding** (Stern, Shazeer & Uszkoreit, 2018) is the ancestor of Medusa: extra
+#   heads predict the next k tokens and the model verifies them in the following forward, keeping the
+#   longest agreeing prefix (greedy only).
+# * **Big-Little Decoder** (Kim et al., 2023) switches between a small and a large model: the small one
+#   writes until its confidence drops (a *fallback* policy), the large one then takes over and can roll
+#   back the small one's recent tokens (a *rollback* policy). Unlike speculative decoding it is not exact:
+#   the output is close to the large model's, not equal to it.
+# * Huyen (*AI Engineering*, ch. 9) compares speculative decoding to **branch prediction** in a CPU: guess
+#   the path ahead, do the work on the guess, and throw it away on a misprediction. The cost of a wrong
+#   guess is a verify forward whose extra positions were free anyway at batch 1, which is why a poor
+#   guesser still rarely loses much (the batch section is where that stops being true).
+#
+# Which engine supports which method (as their documentation describes them; check the version you use):
+#
+# | method | vLLM | SGLang | TensorRT-LLM | llama.cpp | transformers |
+# |---|---|---|---|---|---|
+# | draft model | yes | yes | yes (draft-target) | yes (`llama-speculative`) | yes (`assistant_model`) |
+# | prompt lookup / n-gram | yes (`ngram`) | yes (`NGRAM`, CUDA only) | yes (`NGram`) | yes (`llama-lookup`) | yes (`prompt_lookup_num_tokens`) |
+# | Medusa | yes | no | yes | no | no |
+# | EAGLE / EAGLE-3 | yes | yes | yes | no | no |
+# | lookahead (Jacobi + n-grams) | no | no | yes | yes (`llama-lookahead`) | no |
 #
 # ## 11 · Every method on one table
 
@@ -1019,7 +1200,10 @@ for name, b in summary.items():
         theory=b.predicted,
         note=f"γ={b.gamma}, α={b.alpha:.2f}, c={b.c:.3f}",
     )
-_ = record(ch, "hf_assisted_over_ours", hf["assisted_s"] / ours, "x")
+record(ch, "hf_assisted_default_speedup", hf_default, "x", note=f"over its own plain generate; {hf['defaults']}")
+_ = record(
+    ch, "hf_assisted_same_gamma_speedup", hf_same, "x", note=f"γ={best_draft.gamma}, constant, no confidence stop"
+)
 
 # %% [markdown]
 # ## 12 · Exercises
@@ -1104,4 +1288,9 @@ ch04.check_ridge_batch(answer, ridge=peaks.ridge(), gamma=4)
 #   than prose), lower c (prompt lookup, Medusa heads), pick γ by the calculator. The measurement departs
 #   from the formula where its assumptions fail: acceptances that come in runs, a verify step that does
 #   not cost exactly one plain step.
+# * Sampling mode keeps the target's distribution exactly, and its acceptance rate is the overlap of the
+#   two distributions, α = 1 − TV(p, q), measured above.
+# * Which proposer: prompt lookup where the answer copies its input (free where it fails), a draft model
+#   where it does not, heads (Medusa) or a feature-level draft (EAGLE) when the vocabulary projection and
+#   α are priced in.
 # * The free FLOPs vanish as the batch grows: speculation is a latency tool for light load.

@@ -21,10 +21,25 @@ class BatchRow:
     spec_seconds: float
     tokens_per_forward: float
     verify_over_plain: float
+    gamma: int = 1
+    c: float = float("nan")  # draft seconds per token ÷ one verify forward, at this batch
 
     @property
     def speedup(self) -> float:
         return self.plain_seconds / self.spec_seconds
+
+    @property
+    def predicted(self) -> float:
+        """The refined formula at this batch: tokens per row per forward ÷ ((B·γ·c + 1) × verify/plain), with the
+        counts and the verify cost of this batch. c is the proposer's time per draft *token* over one verify
+        forward, and a step drafts B·γ tokens (the draft runs batched too), so one step costs B·γ·c + 1
+        verify forwards; the verify forward covers B·(γ + 1) tokens."""
+        return self.tokens_per_forward / ((self.batch * self.gamma * self.c + 1.0) * self.verify_over_plain)
+
+
+def breakeven(rows) -> int | None:
+    """The smallest batch at which speculation no longer beats plain decoding; None if it wins at every batch."""
+    return next((r.batch for r in sorted(rows, key=lambda r: r.batch) if r.speedup < 1.0), None)
 
 
 def batch_sweep(
@@ -40,5 +55,7 @@ def batch_sweep(
     for b in batches:
         base = baseline(target, [pool[i % len(pool)] for i in range(b)], new_tokens, repeats)
         row = run_method(target, make_proposer(), gamma, base, repeats=repeats)
-        out.append(BatchRow(b, row.plain_seconds, row.seconds, row.tokens_per_forward, row.verify_over_plain))
+        out.append(
+            BatchRow(b, row.plain_seconds, row.seconds, row.tokens_per_forward, row.verify_over_plain, gamma, row.c)
+        )
     return out

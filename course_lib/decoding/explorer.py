@@ -34,8 +34,9 @@ def draw_speedup(alpha: float, c: float, max_gamma: int = 10, points: Sequence[S
         rs = [r for r in points if r.method == m and r.gamma <= max_gamma]
         ax.plot([r.gamma for r in rs], [r.speedup for r in rs], "o", color=f"C{i + 1}", label=f"measured: {m}")
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xlabel("γ")
-    ax.set_ylabel("× plain decoding")
+    ax.set_title("the formula E(α, γ)/(γc + 1) against γ, with this run's measurements")
+    ax.set_xlabel("γ (draft tokens per step)")
+    ax.set_ylabel("speed-up over plain decoding (×)")
     ax.legend(fontsize=7)
     text = (
         f"α = {alpha:.2f}, c = {c:.2f}: best γ = {g_best}, E = {expected_tokens(alpha, g_best):.2f} tokens per "

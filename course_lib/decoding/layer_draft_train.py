@@ -299,12 +299,15 @@ def plot_log(history: dict):
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.3), dpi=80)
     axes[0].plot([r["step"] for r in history["train"]], [r["loss"] for r in history["train"]], lw=0.6)
+    axes[0].set_title("distilling the draft: loss per training sequence")
     axes[0].set_xlabel("step (one sequence)")
-    axes[0].set_ylabel("soft cross-entropy to the target")
+    axes[0].set_ylabel("soft cross-entropy to the target (nats)")
     val = history["val"]
     axes[1].plot([r["step"] for r in val], [r["top1_agreement"] for r in val], "o-", label="top-1 agreement")
     axes[1].plot([r["step"] for r in val], [r["vocab_coverage"] for r in val], "--", label="target's token in vocab")
+    axes[1].set_title("held out: how often the draft's top-1 is the target's")
     axes[1].set_xlabel("step")
+    axes[1].set_ylabel("share of held-out tokens")
     axes[1].set_ylim(0, 1)
     axes[1].legend(fontsize=8)
     fig.tight_layout()

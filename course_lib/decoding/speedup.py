@@ -66,6 +66,14 @@ class SpecRow:
     identical: bool  # greedy output token-identical to plain greedy
     mean_drafts: float = math.nan  # drafts proposed per step (< γ when a proposer finds nothing)
     expected_as_proposed: float = math.nan  # E(α, k) averaged over the k actually proposed at each step
+    round_speedups: tuple = ()  # plain ÷ speculative in each timing round (same round, back to back)
+
+    @property
+    def spread(self) -> float:
+        """The speed-up's relative run-to-run spread over the timing rounds (0.1 = ±10%); nan with one round."""
+        from course_lib.measure.claims import relative_spread
+
+        return relative_spread(self.round_speedups) if len(self.round_speedups) >= 2 else math.nan
 
     @property
     def speedup(self) -> float:
@@ -90,7 +98,13 @@ class SpecRow:
 
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        d.update(speedup=self.speedup, predicted=self.predicted, predicted_refined=self.predicted_refined)
+        d.update(
+            speedup=self.speedup,
+            predicted=self.predicted,
+            predicted_refined=self.predicted_refined,
+            spread=self.spread,
+            round_speedups=list(self.round_speedups),
+        )
         return d
 
 
@@ -133,10 +147,12 @@ def run_method(target, proposer, gamma: int, base: Baseline, method: str = "", r
     identical = [r.output_ids for r in res] == base.outputs
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ValueError(f"repeats must be an int ≥ 1, got {repeats!r}")
-    plain, seconds = math.inf, math.inf
+    plain, seconds, rounds = math.inf, math.inf, []
     for _ in range(repeats):
-        plain = min(plain, best_of(lambda: target.generate(base.ids, base.params), 1))
-        seconds = min(seconds, best_of(lambda: dec.generate(base.ids, base.params), 1))
+        p_i = best_of(lambda: target.generate(base.ids, base.params), 1)
+        s_i = best_of(lambda: dec.generate(base.ids, base.params), 1)
+        plain, seconds = min(plain, p_i), min(seconds, s_i)
+        rounds.append(p_i / s_i)
     step_seconds = plain / _steps(base.outputs)
     steps = max(s.target_forwards - 1, 1)
     return SpecRow(
@@ -155,6 +171,7 @@ def run_method(target, proposer, gamma: int, base: Baseline, method: str = "", r
         identical=identical,
         mean_drafts=s.proposed / (steps * len(base.ids)) if s.proposed else 0.0,
         expected_as_proposed=s.expected_tokens_as_proposed(),
+        round_speedups=tuple(rounds),
     )
 
 
@@ -176,16 +193,36 @@ def table(rows: Sequence[SpecRow]) -> str:
     """The rows as a fixed-width text table."""
     head = (
         f"{'method':<24}{'γ':>3}{'α':>6}{'tok/fwd':>8}{'c':>7}{'verify/plain':>13}"
-        f"{'measured':>10}{'formula':>9}{'refined':>9}{'same':>6}"
+        f"{'measured':>10}{'±':>6}{'formula':>9}{'refined':>9}{'same':>6}"
     )
     lines = [head]
     for r in rows:
         lines.append(
             f"{r.method:<24}{r.gamma:>3}{r.alpha:>6.2f}{r.tokens_per_forward:>8.2f}{r.c:>7.3f}"
-            f"{r.verify_over_plain:>13.2f}{r.speedup:>9.2f}x{r.predicted:>8.2f}x{r.predicted_refined:>8.2f}x"
+            f"{r.verify_over_plain:>13.2f}{r.speedup:>9.2f}x{_pct(r.spread):>6}{r.predicted:>8.2f}x{r.predicted_refined:>8.2f}x"
             f"{('yes' if r.identical else 'NO'):>6}"
         )
     return "\n".join(lines)
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}" if x == x else "–"
+
+
+def near_best(rows: Sequence[SpecRow]) -> list[int]:
+    """The γs this run cannot tell from the best: those whose speed-up interval, ± its run-to-run spread,
+    overlaps the best row's. One γ means the best is clear; several mean "best γ" is a pick among noise
+    (the winner's curse), and the formula's best γ should be judged against the whole set."""
+    if not rows:
+        raise ValueError("rows must be a non-empty list of SpecRow")
+    b = best_row(rows)
+
+    def lo_hi(r):
+        s = r.spread if r.spread == r.spread else 0.0
+        return r.speedup * (1 - s), r.speedup * (1 + s)
+
+    b_lo = lo_hi(b)[0]
+    return sorted({r.gamma for r in rows if lo_hi(r)[1] >= b_lo})
 
 
 def plot_gamma_sweep(rows: Sequence[SpecRow], ax=None, title: str = ""):
@@ -197,13 +234,22 @@ def plot_gamma_sweep(rows: Sequence[SpecRow], ax=None, title: str = ""):
     for i, m in enumerate(methods):
         rs = sorted((r for r in rows if r.method == m), key=lambda r: r.gamma)
         color = f"C{i}"
-        ax.plot([r.gamma for r in rs], [r.speedup for r in rs], "o-", color=color, label=f"{m}: measured")
+        err = [r.speedup * (r.spread if r.spread == r.spread else 0.0) for r in rs]
+        ax.errorbar(
+            [r.gamma for r in rs],
+            [r.speedup for r in rs],
+            yerr=err,
+            fmt="o-",
+            color=color,
+            capsize=3,
+            label=f"{m}: measured (± run-to-run spread)",
+        )
         ax.plot([r.gamma for r in rs], [r.predicted for r in rs], "x--", color=color, alpha=0.7, label=f"{m}: formula")
         b = best_row(rs)
         ax.annotate("best", (b.gamma, b.speedup), textcoords="offset points", xytext=(4, 6), color=color)
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel("γ (draft tokens per step)")
-    ax.set_ylabel("speed-up over plain greedy")
+    ax.set_ylabel("speed-up over plain greedy (×)")
     ax.set_title(title or "speculative decoding: measured vs formula")
     ax.legend(fontsize=7)
     return fig, ax

@@ -124,6 +124,21 @@ def run_strategies(engine, prompts: Sequence[Sequence[int]], settings: dict[str,
     return rows
 
 
+_VISIBLE = {"\n": "↵", "\t": "⇥", " ": "␣"}
+
+
+def visible(text: str) -> str:
+    """``text`` for a plot label: newlines, tabs and spaces drawn as ↵ ⇥ ␣ (a ``repr`` puts a backslash and
+    quotes in the label, and a raw newline breaks it across lines); an empty string as ∅."""
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a str, got {type(text).__name__}")
+    if not text:
+        return "∅"
+    if text.strip() == text:  # inner spaces stay spaces; only newlines and tabs are drawn
+        return "".join(_VISIBLE[c] if c in "\n\t" else c for c in text)
+    return "".join(_VISIBLE.get(c, c) for c in text)
+
+
 __all__ = [
     "Cutoff",
     "StrategyRow",
@@ -135,4 +150,5 @@ __all__ = [
     "run_strategies",
     "sequence_logprob",
     "tempered",
+    "visible",
 ]
