@@ -12,9 +12,9 @@ checks the shape with a wide margin).
 import argparse
 
 from course_lib.core.paths import data_dir
+from course_lib.engine.text_stream import FullDecodeTextStream, TextStream, cost_per_token_us
 from course_lib.models.tokenizer import load_tokenizer
 from course_lib.serving import prompt_pool
-from course_lib.engine.text_stream import FullDecodeTextStream, TextStream, cost_per_token_us
 
 
 def main() -> None:

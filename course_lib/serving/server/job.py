@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from course_lib.engine.parallel_sampling import sample_ids
+from course_lib.engine.text_stream import TextStream
 from course_lib.serving.server.engine_loop import EngineLoop
 from course_lib.serving.server.metrics import ServerMetrics
 from course_lib.serving.server.params import Plan, engine_param
 from course_lib.serving.server.protocol import RequestFailure
-from course_lib.engine.text_stream import TextStream
 
 
 @dataclass
