@@ -113,7 +113,7 @@ from course_lib.core.paths import data_dir
 from course_lib.engine import Engine
 from course_lib.engine.scheduler import SchedulerConfig
 from course_lib.measure import hardware, microbench, plots, references
-from course_lib.measure.claims import claim, compare_prediction, relative_spread
+from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
 from course_lib.models.tokenizer import token_ids
 
@@ -256,7 +256,7 @@ print(
 for r in rows:
     print(
         f"{r.name:<22}{r.weight_bytes / 1e6:>7.1f}{r.weight_bytes / llc:>7.2f}{r.copies:>7}"
-        f"{r.working_set / llc:>9.1f}xLLC{r.seconds * 1e3:>8.2f}{'±' + format(relative_spread(r.samples), '.0%'):>8}"
+        f"{r.working_set / llc:>9.1f}xLLC{r.seconds * 1e3:>8.2f}{'±' + format(verdicts.middle_spread(r.samples), '.0%'):>8}"
         f"{r.gbps:>6.1f}{(r.hot_seconds or r.seconds) * 1e3:>8.2f}{base.seconds / r.seconds:>7.2f}x"
         f"{r16.seconds / r.seconds:>7.2f}x{base.weight_bytes / r.weight_bytes:>13.2f}x"
     )
@@ -292,15 +292,14 @@ ax.title.set_fontsize(9)
 ax.grid(True, alpha=0.25)
 ax.legend(fontsize=7)
 plt.show()
-spread8 = relative_spread([a / b for a, b in zip(base.samples, r8.samples)])
-spread4 = relative_spread([a / b for a, b in zip(base.samples, r4.samples)])
+spread8, spread4 = verdicts.ratio_spread(base.samples, r8.samples), verdicts.ratio_spread(base.samples, r4.samples)
 int8_pays = verdicts.gemv_goal("int8", base.seconds / r8.seconds, spread=spread8)
 int4_pays = verdicts.gemv_goal("int4", int4_speedup, spread=spread4)
 int4_over_int8 = verdicts.int4_follows_bytes_over_int8(
     r8.seconds / r4.seconds,
     r8.weight_bytes / r4.weight_bytes,
     hot_over_cold=(r4.hot_seconds or r4.seconds) / r4.seconds,
-    spread=relative_spread([a / b for a, b in zip(r8.samples, r4.samples)]),
+    spread=verdicts.ratio_spread(r8.samples, r4.samples),
 )
 
 # %% [markdown]
@@ -335,7 +334,8 @@ int4_over_int8 = verdicts.int4_follows_bytes_over_int8(
 # 1 after a 16-token prompt, a median over many steps; and the formats take turns within each repeat
 # (interleaved), so a slow minute of this shared machine slows all of them alike. The speed-up columns
 # are medians of those paired ratios, with their spread. (To stay inside Binder's memory the formats run
-# in two groups, each paired with fp32: the quantized ones, then bf16.)
+# in three groups, each paired with fp32: int4, then int8, then bf16; a speed-up between two non-fp32
+# rows is the ratio of their speed-ups over fp32.)
 # *Predict* int4's speed-up over fp32 with the int8 head from the bytes alone:
 
 # %%
@@ -347,7 +347,7 @@ print(references.cite("gpt_fast_llama2_quantized_tok_s", link=False))
 print(references.cite("gpt_fast_llama2_7b_fp16_tok_s", link=False))
 del w, back, qw, err  # section 1's matrices
 memory.trim_heap()
-dec = decode_formats.decode_speeds(steps=course_lib.pick(12, 32), warmup=2, repeats=course_lib.pick(3, 5))
+dec = decode_formats.decode_speeds(steps=course_lib.pick(10, 32), warmup=2, repeats=course_lib.pick(3, 5))
 print(decode_formats.table(dec, peaks.bandwidth))
 d = {r.name: r for r in dec}
 fp32_row, bf16_row, int8_row = d["fp32 oneDNN packed"], d["bf16 oneDNN packed"], d["int8 per-channel"]

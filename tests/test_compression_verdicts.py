@@ -50,3 +50,10 @@ def test_quality_verdicts():
     assert v.gptq_cuts_rtn_loss(0.30, 0.19).held
     assert not v.gptq_cuts_rtn_loss(0.30, 0.28).held  # "within 5%" would have passed RTN too
     assert v.smoothing_helps(0.2, 0.02, 100).held and not v.smoothing_helps(0.02, 0.015, 100).held
+
+
+def test_middle_spread_ignores_a_far_outlier():
+    assert v.middle_spread([1.0, 1.0, 1.1, 1.0, 0.9, 1.0, 50.0]) < 0.1
+    assert v.ratio_spread([1, 1, 1, 1], [2, 2, 2, 2]) == 0.0
+    with pytest.raises(ValueError, match="at least 4"):
+        v.middle_spread([1.0, 2.0])

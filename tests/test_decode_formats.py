@@ -101,6 +101,13 @@ def test_table_ratios_are_paired_per_repeat():
         df.speedup(rows, "fp32 oneDNN packed", "int8 per-channel")
 
 
+def test_int8_from_packed_fp32_is_int8_of_the_plain_weight():
+    w = torch.randn(48, 32, generator=torch.Generator().manual_seed(4))
+    got = df.int8_from({"a": PackedLinear(w)})["a"]
+    want = quantize(w, df.INT8)
+    assert torch.equal(got.qw.data, want.data) and torch.equal(got.qw.scale, want.scale)
+
+
 def test_bf16_from_packed_fp32_is_the_bf16_weight():
     w = torch.randn(48, 32, generator=torch.Generator().manual_seed(3))
     got = df.bf16_from({"a": PackedLinear(w), "b": Linear(w)})

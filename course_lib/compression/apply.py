@@ -97,6 +97,19 @@ class GemvRow:
         return self.copies * self.weight_bytes
 
 
+def _copy_for_timing(layer):
+    """A copy of ``layer`` with its own storage for what its forward reads (the packed CPU layout of a
+    quantized layer, the weight of a float one) and nothing else, so the copies cost the bytes they read."""
+    import copy
+
+    c = copy.copy(layer)
+    if isinstance(layer, WeightOnlyLinear) and layer._prepared is not None:
+        c._prepared = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in layer._prepared)
+    else:
+        c.weight = layer.weight.clone()
+    return c
+
+
 def gemv_speed(
     out_features: int,
     in_features: int,
@@ -114,9 +127,7 @@ def gemv_speed(
     ``F.linear`` with bf16 activations. Medians, warm-up excluded. ``working_set`` (bytes, e.g. 4× the
     LLC): each format cycles through enough copies of its weight to read at least that many bytes, so no
     format is served from the cache; one copy at a time is built (the copies are freed after each row)."""
-    import copy
-
-    from course_lib.compression.decode_formats import layer_bytes
+    from course_lib.compression.linear import layer_bytes
     from course_lib.engine.layers import Linear
     from course_lib.measure.bench import benchmark
 
@@ -144,7 +155,7 @@ def gemv_speed(
             layer(xi)  # the CPU kernels pack their layout on the first call
         nbytes = layer_bytes(layer)
         copies = 1 if working_set is None else max(1, -(-working_set // nbytes))
-        layers = [layer] + [copy.deepcopy(layer) for _ in range(copies - 1)]
+        layers = [layer] + [_copy_for_timing(layer) for _ in range(copies - 1)]
         turn = [0]
 
         def call(layers=layers, xi=xi, turn=turn):

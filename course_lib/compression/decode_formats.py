@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course_lib.compression.linear import WeightOnlyLinear
+from course_lib.compression.linear import WeightOnlyLinear, layer_bytes  # layer_bytes: re-exported
 from course_lib.compression.quantize import QuantConfig
 from course_lib.core.memory import return_large_blocks, trim_heap
 from course_lib.engine.layers import PackedLinear
@@ -32,15 +32,16 @@ from course_lib.engine.layers import PackedLinear
 MODEL = "smollm2-135m-instruct"
 FP32 = "fp32 oneDNN packed"
 INT8 = QuantConfig(8, True, "channel")
-#: every format ``decode_speeds`` knows, in two interleaved groups that share the fp32 baseline: all
+#: every format ``decode_speeds`` knows, in three interleaved groups that share the fp32 baseline: all
 #: formats of a group live in one fp32 engine and each repeat times every one of them in turn, so a slow
-#: minute of a shared machine hits them alike. Two groups because all five at once would hold ~1.3 GB of
-#: weights (Binder gives 1-2 GB): the quantized rows first, then bf16, made from the fp32 weights. bf16
+#: minute of a shared machine hits them alike. Three groups because all five at once would hold ~1.3 GB
+#: of weights (Binder gives 1-2 GB): int4 first, then int8 and bf16, each made from the fp32 weights. bf16
 #: weights run oneDNN's bf16 kernel through ``PackedLinear`` (input cast to bf16, output back, as the
 #: int8/int4 kernels do with their bf16 activations); the fp32 LM head runs ``F.linear`` on the tied
 #: embedding itself, so the 113 MB matrix is held once.
 GROUPS = (
-    ("fp32 oneDNN packed", "int8 per-channel", "int4 Q4_1, fp32 head", "int4 Q4_1, int8 head"),
+    ("fp32 oneDNN packed", "int4 Q4_1, fp32 head", "int4 Q4_1, int8 head"),
+    ("fp32 oneDNN packed", "int8 per-channel"),
     ("fp32 oneDNN packed", "bf16 oneDNN packed"),
 )
 FORMATS = tuple(dict.fromkeys(f for g in GROUPS for f in g))
@@ -76,16 +77,6 @@ def pack_float_engine(engine, skip=()) -> int:
     engine.hf_model = None
     gc.collect()
     return n
-
-
-def layer_bytes(lin) -> int:
-    """Bytes one decode-shaped forward of ``lin`` reads, as its kernel stores them."""
-    if isinstance(lin, WeightOnlyLinear) and lin.path == "cpu":
-        n, k = lin.qw.shape
-        if lin.qw.config.bits == 8:
-            return n * k + n * 2  # int8 + one bf16 scale per row
-        return n * k // 2 + (k // lin.qw.group_size) * n * 2 * 2  # nibbles + a bf16 (scale, zero) per group
-    return int(lin.nbytes)
 
 
 def step_bytes(engine) -> tuple[int, int]:
@@ -173,36 +164,28 @@ def quantize_chunked(w: torch.Tensor, config: QuantConfig, rows: int = 4096):
     return concat_rows(*(quantize(w[i : i + rows], config) for i in range(0, w.shape[0], rows)))
 
 
-def build_formats(eng, formats) -> dict[str, tuple[str, dict]]:
-    """{format: (path description, {layer name: layer})} for the quantized and fp32 formats among
-    ``formats``, made from the fp32 engine ``eng``'s plain layers, which the fp32 packing consumes (it
-    frees each plain weight as it packs it). The int4 rows share their LM head with the fp32 and int8
-    rows, and the fp32 head is ``F.linear`` on the tied embedding, so no head is held twice."""
-    from course_lib.compression.gguf_int4 import quantize_engine_gguf
+def build_formats(eng, formats, int4_qweights=None) -> dict[str, tuple[str, dict]]:
+    """{format: (path description, {layer name: layer})} for the fp32 and int4 formats among ``formats``,
+    made from the fp32 engine ``eng``'s plain layers, which the fp32 packing consumes (it frees each plain
+    weight as it packs it), and from ``int4_qweights`` (``gguf_int4.engine_qweights``: read before the
+    model is loaded, when the file's temporaries have the most room). The int4 rows share their LM head
+    with the fp32 row, whose head is ``F.linear`` on the tied embedding, so no head is held twice."""
     from course_lib.engine.layers import Linear
-    from course_lib.models.gguf import gguf_file
 
     plain = dict(eng.model.linears())
     out: dict[str, tuple[str, dict]] = {}
     body4 = {}
-    if any(f.startswith("int4") for f in formats):  # first: reading the GGUF needs the most room
-        quantize_engine_gguf(eng, gguf_file(MODEL))  # every projection (the head is left to us)
-        body4 = {n: lin for n, lin in eng.model.linears() if n != "lm_head"}
-        for n in body4:
-            eng.model.set_linear(n, plain[n])
+    if any(f.startswith("int4") for f in formats):
+        if int4_qweights is None:
+            from course_lib.compression.gguf_int4 import engine_qweights
+            from course_lib.models.gguf import gguf_file
+
+            int4_qweights = engine_qweights(gguf_file(MODEL))
+        body4 = {n: WeightOnlyLinear(qw, plain[n].bias) for n, qw in int4_qweights.items()}
         trim_heap()
-    int8 = {}
-    if "int8 per-channel" in formats or "int4 Q4_1, int8 head" in formats:
-        for n in plain if "int8 per-channel" in formats else ["lm_head"]:
-            int8[n] = WeightOnlyLinear(quantize_chunked(plain[n].weight, INT8), plain[n].bias)
-        trim_heap()
-    if "int8 per-channel" in formats:
-        out["int8 per-channel"] = ("aten._weight_int8pack_mm, head int8", int8)
     if "int4 Q4_1, int8 head" in formats:
-        out["int4 Q4_1, int8 head"] = (
-            "aten._weight_int4pack_mm_for_cpu, head int8",
-            {**body4, "lm_head": int8["lm_head"]},
-        )
+        head8 = WeightOnlyLinear(quantize_chunked(plain["lm_head"].weight, INT8))
+        out["int4 Q4_1, int8 head"] = ("aten._weight_int4pack_mm_for_cpu, head int8", {**body4, "lm_head": head8})
     head = Linear(plain["lm_head"].weight)  # the tied embedding itself: F.linear, no copy
     if FP32 in formats:
         del plain  # the engine's own references are the last ones: packing frees each plain weight
@@ -219,12 +202,27 @@ def build_formats(eng, formats) -> dict[str, tuple[str, dict]]:
     return {f: out[f] for f in formats if f in out}
 
 
+def _plain_weight(lin) -> torch.Tensor:
+    return lin.unpacked() if isinstance(lin, PackedLinear) else lin.weight
+
+
+def int8_from(fp32_layers: dict) -> dict:
+    """int8 per-channel ``WeightOnlyLinear``s of fp32 layers (a ``PackedLinear`` gives its plain weight
+    back bit for bit with ``unpacked()``), one fp32 temporary at a time."""
+    out = {}
+    for n, lin in fp32_layers.items():
+        w = _plain_weight(lin)
+        out[n] = WeightOnlyLinear(quantize_chunked(w, INT8), lin.bias)
+        del w
+    return out
+
+
 def bf16_from(fp32_layers: dict) -> dict:
     """bf16 ``PackedLinear`` copies of fp32 layers (``PackedLinear.unpacked()`` gives the plain weight back
     bit for bit; a plain ``Linear`` gives its own), one fp32 temporary at a time."""
     out = {}
     for n, lin in fp32_layers.items():
-        w = lin.unpacked() if isinstance(lin, PackedLinear) else lin.weight
+        w = _plain_weight(lin)
         out[n] = PackedLinear(w.to(torch.bfloat16), lin.bias)
         del w
     return out
@@ -289,12 +287,19 @@ def decode_speeds(
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
     return_large_blocks()  # core.memory
+    q4 = None
+    if any(f.startswith("int4") for f in formats):  # the GGUF's temporaries, before the model takes its room
+        from course_lib.compression.gguf_int4 import engine_qweights
+        from course_lib.models.gguf import gguf_file
+
+        q4 = engine_qweights(gguf_file(model))
+        trim_heap()
     hf, tok = load_model(model, dtype="fp32")
     config = SchedulerConfig(max_model_len=context_len + warmup + steps + 2, max_num_seqs=1)
     eng = Engine(hf, tok, config=config, linear="reference")
     del hf
-    first = [f for f in GROUPS[0] if f in formats]
-    built = build_formats(eng, first)
+    built = build_formats(eng, [f for f in GROUPS[0] if f in formats], q4)
+    del q4
     rows: dict[str, DecodeRow] = {}
 
     def run(eng, group: dict) -> None:
@@ -313,15 +318,22 @@ def decode_speeds(
                 )
 
     run(eng, built)
-    if "bf16 oneDNN packed" in formats:
-        fp32 = built[FP32]
-        built.clear()  # the quantized layers go before the bf16 copy comes
+    fp32 = built[FP32]
+    makers = {
+        "int8 per-channel": ("aten._weight_int8pack_mm, head int8", int8_from),
+        "bf16 oneDNN packed": ("mkldnn._linear_pointwise bf16 (bf16 weights)", bf16_from),
+    }
+    for group in GROUPS[1:]:
+        (fmt,) = [f for f in group if f != FP32]
+        if fmt not in formats:
+            continue
+        built.clear()  # the previous group's layers go before the next copy comes
         trim_heap()
-        bf16 = ("mkldnn._linear_pointwise bf16 (bf16 weights)", bf16_from(fp32[1]))
+        path, make = makers[fmt]
+        built.update({FP32: fp32, fmt: (path, make(fp32[1]))})
         trim_heap()
-        run(eng, {FP32: fp32, "bf16 oneDNN packed": bf16})
-        del fp32, bf16
-    del eng, built
+        run(eng, built)
+    del eng, built, fp32
     trim_heap()
     return [rows[f] for f in formats]
 
@@ -353,6 +365,7 @@ __all__ = [
     "FP32",
     "GROUPS",
     "bf16_from",
+    "int8_from",
     "build_formats",
     "speedup",
     "step_times",

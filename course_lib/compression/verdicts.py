@@ -19,6 +19,26 @@ FOLLOWS_BYTES = 0.8  # a speed-up "follows the bytes" when it reaches this share
 AMDAHL_TOLERANCE = 0.25
 
 
+def middle_spread(samples) -> float:
+    """Half the interquartile range of repeated measurements over their median (0.1 = ±10%): the spread of
+    the middle half, for ``claim(spread=)`` where a shared machine throws a few far outliers."""
+    import statistics
+
+    values = sorted(float(x) for x in samples)
+    if len(values) < 4:
+        raise ValueError(f"samples needs at least 4 repeats for quartiles, got {len(values)}")
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    med = statistics.median(values)
+    if med == 0:
+        raise ValueError("samples have a median of 0: a relative spread is undefined")
+    return (q3 - q1) / (2 * abs(med))
+
+
+def ratio_spread(a, b) -> float:
+    """The relative spread of a / b when a and b were timed in separate loops: their middle spreads add."""
+    return middle_spread(a) + middle_spread(b)
+
+
 def amdahl_speedup(step_s: float, bytes_before: float, bytes_after: float, bandwidth: float) -> float:
     """The whole step's speed-up when only its weight bytes shrink: the step is t = t₀ + bytes/bandwidth,
     with t₀ = ``step_s`` − ``bytes_before``/``bandwidth`` (everything that is not streaming weights at the
@@ -149,6 +169,8 @@ __all__ = [
     "FOLLOWS_BYTES",
     "GEMV_GOALS",
     "amdahl_speedup",
+    "middle_spread",
+    "ratio_spread",
     "decode_goal",
     "gemv_goal",
     "gptq_cuts_rtn_loss",
