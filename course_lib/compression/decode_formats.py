@@ -316,6 +316,8 @@ def decode_speeds(
                 rows[fmt] = DecodeRow(
                     fmt, path, *step_bytes(eng), _median(samples[fmt]), tuple(samples[fmt]), tuple(samples[FP32])
                 )
+        for name, lin in group[FP32][1].items():  # the engine must not keep this group's layers alive
+            eng.model.set_linear(name, lin)
 
     run(eng, built)
     fp32 = built[FP32]
