@@ -118,7 +118,7 @@ from course_lib.measure.report import record
 from course_lib.models.tokenizer import token_ids
 
 torch.manual_seed(0)
-memory.return_large_blocks()  # freed tensors of a MB or more go back to the OS (RSS = memory in use)
+memory.return_large_blocks(1 << 18)  # freed tensors of 256 kB or more go back to the OS (RSS = memory in use)
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 if not CUDA:

@@ -26,7 +26,7 @@ import torch
 
 from course_lib.compression.linear import WeightOnlyLinear, layer_bytes  # layer_bytes: re-exported
 from course_lib.compression.quantize import QuantConfig
-from course_lib.core.memory import return_large_blocks, trim_heap
+from course_lib.core.memory import trim_heap
 from course_lib.engine.layers import PackedLinear
 
 MODEL = "smollm2-135m-instruct"
@@ -267,7 +267,8 @@ def decode_speeds(
     that holds fp32), group by group (``GROUPS``): each group's formats are built in one fp32 engine,
     then each repeat times every one of them in turn (``step_times``: ``steps`` engine steps after
     ``warmup``). A row's ``samples`` are its per-repeat medians, ``fp32_samples`` the fp32 baseline's in
-    the same repeats; the fp32 row reports the first group's."""
+    the same repeats; the fp32 row reports the first group's. Call ``core.memory.return_large_blocks`` first
+    (the chapter does, with its own threshold), so that each group's freed layers leave the process."""
     from course_lib.engine import Engine
     from course_lib.engine.scheduler import SchedulerConfig
     from course_lib.models.load import load_model
@@ -286,7 +287,6 @@ def decode_speeds(
     ):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-    return_large_blocks()  # core.memory
     q4 = None
     if any(f.startswith("int4") for f in formats):  # the GGUF's temporaries, before the model takes its room
         from course_lib.compression.gguf_int4 import engine_qweights
