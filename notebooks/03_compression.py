@@ -348,7 +348,9 @@ print(references.cite("gpt_fast_llama2_quantized_tok_s", link=False))
 print(references.cite("gpt_fast_llama2_7b_fp16_tok_s", link=False))
 del w, back, qw, err  # section 1's matrices
 memory.trim_heap()
-dec = decode_formats.decode_speeds(steps=course_lib.pick(10, 32), warmup=2, repeats=course_lib.pick(3, 5))
+dec = decode_formats.decode_speeds(
+    steps=course_lib.pick(8, 32), warmup=course_lib.pick(1, 2), repeats=course_lib.pick(3, 5)
+)
 print(decode_formats.table(dec, peaks.bandwidth))
 d = {r.name: r for r in dec}
 fp32_row, bf16_row, int8_row = d["fp32 oneDNN packed"], d["bf16 oneDNN packed"], d["int8 per-channel"]
@@ -464,15 +466,15 @@ small_groups = verdicts.smaller_groups_pay(z_groups, "int4 g64 RTN", "int4 g32 R
 #
 # Two formats are two points. Round-to-nearest at 8, 6, 5, 4, 3 and 2 bits, asymmetric in groups of 64
 # (`compression.bits_curve`: each weight is rounded on the fly, so no kernel for 5 or 3 bits is needed to
-# score them), on the first of the same held windows (all of them in full mode), the LM head int8 as in
-# the rows above. The x axis is what one
+# score them), on the first 128 tokens of the same held text in quick mode (all its windows in full
+# mode), the LM head int8 as in the rows above. The x axis is what one
 # would store: bits/8 plus a bf16 scale and zero per 64 weights. *Predict:* below which width does the
 # cost stop being small?
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 head8 = requant.quantized_layers(smol, requant.INT8)["lm_head"]
-curve_windows = windows[: course_lib.pick(1, len(windows))]  # quick mode: one window of 256 tokens
+curve_windows = course_lib.pick([windows[0][:129]], windows)  # quick mode: the first 128 tokens of one window
 curve = bits_curve.bits_curve(smol, curve_windows, group_size=64, head=head8, batch=2)
 ref_ppl = requant.score(smol, curve_windows, batch=2).perplexity  # the reference on the same tokens
 for r in curve:
@@ -508,7 +510,7 @@ plt.show()
 
 # %% [markdown]
 # The curve says where round-to-nearest breaks on this model; its title is computed from the printed
-# numbers (a description of this run, on one held window in quick mode, not a verdict). These weights were already 4-bit
+# numbers (a description of this run, on 128 held tokens in quick mode, not a verdict). These weights were already 4-bit
 # once (Q4_1), so re-rounding them at 5 or 6 bits is not free the way it is for a model shipped in bf16:
 # each grid lands between Q4_1's levels.
 #
