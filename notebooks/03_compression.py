@@ -87,18 +87,27 @@ from IPython.display import display
 import course_lib
 from course_lib.compression import (
     apply,
+    bits_curve,
     decode_formats,
     evaluate,
-    gguf_int4,
     gptq,
     prune,
     requant,
     requant_record,
     smoothquant,
+    verdicts,
 )
 from course_lib.compression.calibrate import collect_inputs
 from course_lib.compression.explore import quant_explorer
-from course_lib.compression.quantize import QuantConfig, dequantize, expected_nbytes, fp8_roundtrip, max_error, quantize
+from course_lib.compression.quantize import (
+    QuantConfig,
+    bytes_per_weight,
+    dequantize,
+    expected_nbytes,
+    fp8_roundtrip,
+    max_error,
+    quantize,
+)
 from course_lib.core import memory
 from course_lib.core.paths import data_dir
 from course_lib.engine import Engine
@@ -106,10 +115,10 @@ from course_lib.engine.scheduler import SchedulerConfig
 from course_lib.measure import hardware, microbench, plots, references
 from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
-from course_lib.models.gguf import gguf_file
+from course_lib.models.tokenizer import token_ids
 
 torch.manual_seed(0)
-memory.return_large_blocks()  # freed tensors of a MB or more go back to the OS (RSS = memory in use)
+memory.return_large_blocks(1 << 18)  # freed tensors of 256 kB or more go back to the OS (RSS = memory in use)
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 if not CUDA:
@@ -153,8 +162,33 @@ for c in configs:
 
 # %% [markdown]
 # Groups cost bytes: int4 with a scale and a zero point per 32 weights stores 8 extra bytes per 32 half-byte
-# values, 0.75 bytes per weight instead of 0.5. Smaller groups buy accuracy with those bytes. Play with
-# the trade-off (it needs a live kernel; the saved view shows one setting):
+# values, 0.75 bytes per weight instead of 0.5. Smaller groups buy accuracy with those bytes.
+#
+# *One set of byte counts.* The table above counts what `QuantizedWeight` stores: fp32 scales and zeros.
+# Nobody ships that. The CPU int4 kernel (`aten._weight_int4pack_mm_for_cpu`, from gpt-fast's tinygemm
+# layout) is fed **bf16** scales and zeros, and every speed figure in this chapter counts those bytes
+# (`decode_formats.layer_bytes`). GPTQ and AWQ checkpoints store an **fp16 scale and a 4-bit integer zero
+# point** per group; llama.cpp's Q4_1 (this chapter's real model) an fp16 scale and an fp16 minimum per 32
+# weights. Their zeros also mean different things: the textbook (and GPTQ/AWQ) zero point z is an
+# *integer* on the grid, w = (q − z)·scale; tinygemm's "zero" is a *float offset*, w = (u − 8)·scale + zero,
+# the value of the grid's middle step, so it is stored as a float, not in 4 bits. The bytes per weight of
+# int4 under each convention:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+conventions = (  # (name, group, scale bytes, zero bytes)
+    ("course storage (QuantizedWeight.nbytes: fp32 scale, fp32 zero)", 128, 4, 4),
+    ("CPU kernel, tinygemm layout (bf16 scale, bf16 float zero)", 128, 2, 2),
+    ("GPTQ / AWQ checkpoint (fp16 scale, 4-bit integer zero)", 128, 2, 0.5),
+    ("llama.cpp Q4_1 (fp16 scale d, fp16 minimum m, per 32)", 32, 2, 2),
+)
+for name, g, sb, zb in conventions:
+    bpw = bytes_per_weight(4, g, sb, zb)
+    print(f"{name:<66} g{g:<4} {bpw:.4f} bytes/weight  ({4 / bpw:.2f}x fewer than fp32, {2 / bpw:.2f}x than bf16)")
+
+# %% [markdown]
+# Play with the trade-off between group size, bits and error (it needs a live kernel; the saved view
+# shows one setting):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -165,7 +199,9 @@ display(quant_explorer())
 # scale and a 100× outlier, int4 rounds almost every ordinary weight to zero. Per-channel and per-group
 # scales confine the damage to one row or one group. fp8 (e4m3) is a different trade: a float with 3
 # mantissa bits, so its error is relative to each value rather than to the group's range. Storing fp8 works
-# on any device; fast fp8 *matmuls* need a Hopper or Ada GPU.
+# on any device; fp8 *matmuls* need a Hopper or Ada GPU's tensor cores. On this CPU there is no fp8 kernel,
+# so the storage round-trip below (store as fp8, read back as fp32) is all fp8 can be here: its error, not
+# its speed. fp8 compute belongs to the course's GPU path.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -179,6 +215,7 @@ else:
     ):
         rel = ((approx - w).pow(2).mean().sqrt() / w.pow(2).mean().sqrt()).item()
         print(f"{name:<30} rms error {rel:.3%} of the weights' rms")
+    del approx
 
 # %% [markdown]
 # ## 2 · Fewer bytes, faster decode: one matrix on the bandwidth roof
@@ -194,85 +231,112 @@ my_int4_speedup = None  # e.g. 8.0
 # %% [markdown]
 # On a CPU the layer runs PyTorch's packed kernels (`aten._weight_int8pack_mm`,
 # `aten._weight_int4pack_mm_for_cpu`, the ones gpt-fast uses); on a GPU, the course's Triton kernels
-# (`course_lib/kernels/quant_matmul/`), which dequantize in registers. The matrix is several times
-# larger than the last-level cache, so its bytes come from memory:
+# (`course_lib/kernels/quant_matmul/`), which dequantize in registers. bf16 `F.linear` (half the bytes of
+# fp32) is where practice starts, so it is timed too.
+#
+# *Which memory serves the bytes?* An int4 copy of a 4096 × 4096 matrix is a few MB, less than a server
+# CPU's last-level cache (the table computes the ratio for this one), and timing one copy again and
+# again would measure the cache, not DRAM. So each format cycles through
+# enough copies of its weight to read at least 4× the LLC per round (`working_set`), and the table says
+# how many copies that took and what one copy alone, cache-resident where it fits, takes ("hot"):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 N = course_lib.pick(4096, 8192)
+llc = hardware.detect_device().cache_bytes or 32 * 2**20  # 32 MiB if the CPU does not say
 speed_configs = [QuantConfig(8, True, "channel"), QuantConfig(4, False, "group", 128)]
-rows = apply.gemv_speed(N, N, speed_configs, batch=1, repeats=course_lib.pick(20, 50), device=DEV)
-base = rows[0]
-print(f"{N} x {N} weight, batch 1 ({peaks.bandwidth / 1e9:.1f} GB/s measured bandwidth):")
+rows = apply.gemv_speed(
+    N, N, speed_configs, batch=1, repeats=course_lib.pick(20, 50), device=DEV, bf16=True, working_set=4 * llc
+)
+base, r8, r4, r16 = rows
+print(f"{N} x {N} weight, batch 1; LLC {llc / 2**20:.0f} MiB; measured DRAM bandwidth {peaks.bandwidth / 1e9:.1f} GB/s")
+print(
+    f"{'format':<22}{'MB':>7}{'x LLC':>7}{'copies':>7}{'working set':>12}{'ms':>8}{'spread':>8}{'GB/s':>6}"
+    f"{'hot ms':>8}{'vs fp32':>8}{'vs bf16':>8}{'bytes vs fp32':>14}"
+)
 for r in rows:
     print(
-        f"  {r.name:<22} path {r.path:<9} {r.weight_bytes / 1e6:7.1f} MB  {r.seconds * 1e3:7.2f} ms  "
-        f"{r.gbps:6.1f} GB/s  {base.seconds / r.seconds:5.2f}x  (bytes predict {base.weight_bytes / r.weight_bytes:4.2f}x)"
+        f"{r.name:<22}{r.weight_bytes / 1e6:>7.1f}{r.weight_bytes / llc:>7.2f}{r.copies:>7}"
+        f"{r.working_set / llc:>9.1f}xLLC{r.seconds * 1e3:>8.2f}{'±' + format(verdicts.middle_spread(r.samples), '.0%'):>8}"
+        f"{r.gbps:>6.1f}{(r.hot_seconds or r.seconds) * 1e3:>8.2f}{base.seconds / r.seconds:>7.2f}x"
+        f"{r16.seconds / r.seconds:>7.2f}x{base.weight_bytes / r.weight_bytes:>13.2f}x"
     )
-llc = hardware.detect_device().cache_bytes
-if llc:
-    for r in rows:
-        where = "fits in the LLC" if r.weight_bytes < llc else "larger than the LLC"
-        print(f"  {r.name:<22} {r.weight_bytes / llc:5.2f}x the {llc / 2**20:.0f} MiB last-level cache: {where}")
-int4_speedup = base.seconds / rows[2].seconds
+above = [r.name for r in rows if r.gbps > peaks.bandwidth]
+print(
+    "every format streams below the measured DRAM bandwidth: its bytes come from DRAM"
+    if not above
+    else f"{above} stream above the measured DRAM bandwidth: part of their bytes still come from a cache"
+)
+int4_speedup = base.seconds / r4.seconds
 compare_prediction(
-    "int4 speed-up over fp32", my_int4_speedup, theory=base.weight_bytes / rows[2].weight_bytes, measured=int4_speedup
+    "int4 speed-up over fp32", my_int4_speedup, theory=base.weight_bytes / r4.weight_bytes, measured=int4_speedup
 )
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 fig, ax = plt.subplots(figsize=plots.FIGSIZE, dpi=plots.DPI)
-bpw = [r.weight_bytes / N / N for r in rows]
-ax.plot(bpw, [r.seconds * 1e3 for r in rows], "o", ms=8, label="measured")
+for r, marker in zip(rows, "osD^"):
+    ax.plot(r.weight_bytes / N / N, r.seconds * 1e3, marker, ms=8, label=f"{r.name} (from DRAM)")
+    if r.hot_seconds:
+        ax.plot(r.weight_bytes / N / N, r.hot_seconds * 1e3, marker, ms=8, mfc="none", color="grey")
+bpw = sorted(r.weight_bytes / N / N for r in rows)
 ax.plot(
-    bpw, [r.weight_bytes / peaks.bandwidth * 1e3 for r in rows], "--", color="grey", label="bytes / measured bandwidth"
+    bpw, [b * N * N / peaks.bandwidth * 1e3 for b in bpw], "--", color="grey", label="theory: bytes / DRAM bandwidth"
 )
-for r, b in zip(rows, bpw):
-    ax.annotate(r.name, (b, r.seconds * 1e3), fontsize=7, xytext=(4, 4), textcoords="offset points")
-ax.set(xlabel="bytes per weight", ylabel="time per product (ms)", title="decode-shaped product vs bytes per weight")
+ax.plot([], [], "o", mfc="none", color="grey", label="one copy, called again (hot)")
+ax.set(
+    xlabel="bytes per weight (as the kernel reads them)",
+    ylabel="time per product (ms)",
+    title=f"{N}x{N} product at batch 1: time follows bytes until the kernel's own work dominates",
+)
+ax.title.set_fontsize(9)
 ax.grid(True, alpha=0.25)
-ax.legend(fontsize=8)
+ax.legend(fontsize=7)
 plt.show()
-int8_pays = claim(
-    "int8 decodes this product at least 2.5x faster than fp32",
-    base.seconds / rows[1].seconds,
-    at_least=2.5,
-    why_not="no fast packed kernel for this CPU or activation dtype: the layer fell back to a slower path",
-)
-int4_pays = claim(
-    "int4 beats int8",
-    rows[1].seconds / rows[2].seconds,
-    at_least=1.0,
-    why_not="unpacking nibbles and applying a scale and zero per group costs more than the bytes it saves here",
+spread8, spread4 = verdicts.ratio_spread(base.samples, r8.samples), verdicts.ratio_spread(base.samples, r4.samples)
+int8_pays = verdicts.gemv_goal("int8", base.seconds / r8.seconds, spread=spread8)
+int4_pays = verdicts.gemv_goal("int4", int4_speedup, spread=spread4)
+int4_over_int8 = verdicts.int4_follows_bytes_over_int8(
+    r8.seconds / r4.seconds,
+    r8.weight_bytes / r4.weight_bytes,
+    hot_over_cold=(r4.hot_seconds or r4.seconds) / r4.seconds,
+    spread=verdicts.ratio_spread(r8.samples, r4.samples),
 )
 
 # %% [markdown]
-# *Name the regime first.* The lines above compare each copy with the last-level cache: a copy smaller
-# than the LLC is read from the cache after the first repeat, not from DRAM, and a GB/s above the
-# measured memory bandwidth is the sign. Where the int8 and int4 copies fit, their speed-ups here measure
-# cache residency as much as bytes; section 3 runs a model 17× the cache, where every format streams
-# from DRAM.
+# *Name the regime first.* The "x LLC" column compares one copy with the last-level cache; the working
+# set is what the timed calls cycle through, 4× the cache or more in every format, so every row reads
+# DRAM (the line under the table checks that no format streams faster than the measured bandwidth). The
+# "hot" column is the same product on one copy called again and again: for the copies that fit in the
+# LLC it is what a cache-served benchmark would have reported.
 #
-# *Explain the gap.* The time follows the bytes as long as the kernel streams them at the bandwidth
-# roof. int4 falls short of its 8× for four reasons: the scales and zero points are extra bytes (0.56
-# instead of 0.5 bytes per weight at g = 128); two 4-bit values must be unpacked from each byte and
-# rescaled, arithmetic a float weight does not need; the packed kernels round activations to bf16 and
-# back; and a kernel that moves fewer bytes per row hits fixed costs (launch, threading, the output
-# write) sooner. Both speed-ups are measured against fp32 `F.linear`, which may itself stream below the
-# roof (its GB/s column): where it does, a quantized kernel that streams better can beat the bytes ratio.
-# On a GPU, gpt-fast's int8 and int4 decode of Llama-2-7B is about 1.5× and 1.9× faster than fp16 end to
-# end, not 2× and 4×, for the same reasons (the next cell prints the published figures).
+# *Explain the gap, from the data.* Against fp32, the time follows the bytes while a kernel streams them
+# at the bandwidth roof (its GB/s column near the measured bandwidth). The anomaly is int4 *over int8*:
+# bytes predict the ratio of their bytes (last column, int8 ÷ int4), and the verdict above says how close
+# int4 came. Its hot column says why when it falls short: if int4's time barely changes when its weight
+# sits in the cache, its time is not made of bytes but of its own work (unpacking two 4-bit values per
+# byte and applying a scale and a zero per group of 128), the arithmetic a float or int8 weight does not
+# need. The extra bytes of the scales are small (0.53 instead of 0.5 bytes per weight at g = 128). On a
+# GPU, gpt-fast's int8 and int4 decode of Llama-2-7B is about 1.5× and 1.9× faster than fp16 end to end,
+# not 2× and 4× (the next cell prints the published figures): the kernels and the rest of the step take
+# their share there too.
 #
 # ## 3 · The whole chat model on quantized weights
 #
 # A decode step runs every linear layer, plus norms, attention and sampling, which quantization does not
-# touch. SmolLM2-135M's 538 MB of fp32 weights are 17× the 32 MB cache of the course's CPU: every step
-# streams them from DRAM. Each format runs at its best path on this CPU (`compression.decode_formats`):
-# fp32 and bf16 through oneDNN's packed layout, bf16 also through torch's default `F.linear`; int8 per
-# channel rounded from the dequantized Q4_1; and **int4 here is llama.cpp's Q4_1 imported bit-exact, no
-# second rounding** (`compression.gguf_int4.quantize_engine_gguf`). The LM head (49,152 × 576, tied to the
-# embedding) is 21% of the parameters; in fp32 it is 113 MB, more than the whole int4 body, so int4 runs
-# twice: with an fp32 head and with an int8 head. One engine at a time is built and freed.
+# touch. SmolLM2-135M's weights are many times the CPU's last-level cache in every format here (the
+# cell prints the ratio), so every step streams them from DRAM. Each format runs at its best path on this
+# CPU (`compression.decode_formats`): fp32 and bf16 weights through oneDNN's packed layout (bf16 runs
+# oneDNN's native bf16 kernel on a CPU with `avx512_bf16`); int8 per channel rounded from the dequantized
+# Q4_1; and **int4 here is llama.cpp's Q4_1 imported bit-exact, no second rounding**
+# (`compression.gguf_int4.quantize_engine_gguf`). The LM head (49,152 × 576, tied to the embedding) is 21%
+# of the parameters; in fp32 it is 113 MB, more than the whole int4 body, so int4 runs twice: with an fp32
+# head and with an int8 head. Every format is timed the way chapter 01 times TPOT: `engine.step()` at batch
+# 1 after a 16-token prompt, a median over many steps; and the formats take turns within each repeat
+# (interleaved), so a slow minute of this shared machine slows all of them alike. The speed-up columns
+# are medians of those paired ratios, with their spread. (To stay inside Binder's memory the formats run
+# in three groups, each paired with fp32: int4, then int8, then bf16; a speed-up between two non-fp32
+# rows is the ratio of their speed-ups over fp32.)
 # *Predict* int4's speed-up over fp32 with the int8 head from the bytes alone:
 
 # %%
@@ -284,60 +348,74 @@ print(references.cite("gpt_fast_llama2_quantized_tok_s", link=False))
 print(references.cite("gpt_fast_llama2_7b_fp16_tok_s", link=False))
 del w, back, qw, err  # section 1's matrices
 memory.trim_heap()
-dec = decode_formats.decode_speeds(new_tokens=course_lib.pick(8, 32), repeats=course_lib.pick(3, 5))
+dec = decode_formats.decode_speeds(
+    steps=course_lib.pick(8, 32), warmup=course_lib.pick(1, 2), repeats=course_lib.pick(3, 5)
+)
 print(decode_formats.table(dec, peaks.bandwidth))
 d = {r.name: r for r in dec}
-fp32_row, int4_row = d["fp32 oneDNN packed"], d["int4 Q4_1, int8 head"]
-bf16_row = min((d["bf16 F.linear"], d["bf16 oneDNN packed"]), key=lambda r: r.step_s)
+fp32_row, bf16_row, int8_row = d["fp32 oneDNN packed"], d["bf16 oneDNN packed"], d["int8 per-channel"]
+int4_row, int4_fp32head = d["int4 Q4_1, int8 head"], d["int4 Q4_1, fp32 head"]
+print(
+    f"smallest step: {int4_row.bytes / 1e6:.0f} MB = {int4_row.bytes / llc:.1f}x the LLC: every format streams from DRAM"
+)
+sp = {r.name: decode_formats.speedup(dec, fp32_row.name, r.name) for r in dec}
+vs_bf16 = {n: decode_formats.speedup(dec, bf16_row.name, n)[0] for n in (int8_row.name, int4_row.name)}
+print(
+    "against bf16 (where practice starts): "
+    + ", ".join(f"{n} {v:.2f}x (bytes {bf16_row.bytes / d[n].bytes:.2f}x)" for n, v in vs_bf16.items())
+)
 compare_prediction(
     "int4 (int8 head) speed-up over fp32, whole model",
     my_int4_model_speedup,
     theory=fp32_row.bytes / int4_row.bytes,
-    measured=fp32_row.step_s / int4_row.step_s,
-)
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-bf16_packing = claim(
-    "oneDNN's packed bf16 decodes faster than torch's default bf16 F.linear",
-    d["bf16 F.linear"].step_s / d["bf16 oneDNN packed"].step_s,
-    at_least=1.0,
-    why_not=(
-        "this CPU has avx512_bf16, so oneDNN has a native bf16 kernel: the two paths are within the run-to-run "
-        "spread of a few-token timing here (quick mode times each format once, in sequence)"
-        if "avx512_bf16" in hardware.detect_device().isa
-        else "this CPU has no avx512_bf16 or AMX: oneDNN converts bf16 to fp32 inside the kernel"
-    ),
-)
-bf16_pays = claim(
-    "bf16 (its best path) decodes at least 1.5x faster than fp32 (half the bytes: 2x)",
-    fp32_row.step_s / bf16_row.step_s,
-    at_least=1.5,
-    why_not="bf16 halves the weight bytes, but a step is not only weights: its norms, attention, sampling and "
-    "Python cost about the same in both dtypes, and quick mode times a few tokens per format",
-)
-int4_follows_bytes = claim(
-    "int4 (int8 head) reaches at least half of its byte ratio over fp32",
-    (fp32_row.step_s / int4_row.step_s) / (fp32_row.bytes / int4_row.bytes),
-    at_least=0.5,
-    why_not="unpacking nibbles, bf16 activations and the per-step costs that are not weights (attention, "
-    "norms, sampling, Python) take a larger share of a step that reads 95 MB",
-)
-head_caps = claim(
-    "an int8 LM head makes int4 decode at least 1.3x faster than an fp32 head",
-    d["int4 Q4_1, fp32 head"].step_s / int4_row.step_s,
-    at_least=1.3,
-    why_not="the head's bytes are not what limits the step here",
+    measured=sp[int4_row.name][0],
 )
 
 # %% [markdown]
-# *Explain.* The bytes column is the prediction; the tok/s column is the measurement. The fp32 LM head is
-# what caps int4: with it, the step reads more head than body, and the int4 body's 6.4× saving becomes
-# the whole step's 3×. llama.cpp ships this head in Q8_0 for that reason; the CPU's int8 kernel wants one
-# scale per row, so the int8 head here is rounded per channel from the dequantized Q8_0 (a second
-# rounding, for the head only). bf16 halves the bytes, but whether it is faster than fp32 depends on the
-# kernel: torch's default bf16 `F.linear` and oneDNN's packed kernel are both in the table, and the two
-# verdicts above say which held on this machine.
+# *Amdahl's law for a decode step.* Only the weight bytes shrink. Write the fp32 step as
+# t = t₀ + bytes ÷ bandwidth: t₀ is everything that is not streaming weights at the measured bandwidth
+# (norms, attention, sampling, Python, and the fp32 kernel's own shortfall from the roof). Holding t₀
+# fixed, each format's bytes predict its speed-up, and no format can beat t ÷ t₀, however few its bytes.
+# The committed benchmark (`benchmarks/quant_decode.py`) sets goals of int8 ≥ 2.5× and int4 ≥ 4× end to
+# end; on the random bench-80m it measured 1.96× and 3.22× on this course's 2-core CPU, missing both. The
+# verdicts below hold SmolLM2 to the same goals, and the arithmetic says whether they can be met on this
+# engine at all:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+t0 = max(fp32_row.step_s - fp32_row.bytes / peaks.bandwidth, 0.0)
+print(
+    f"fp32 step {fp32_row.step_s * 1e3:.1f} ms = weights {fp32_row.bytes / peaks.bandwidth * 1e3:.1f} ms at "
+    f"{peaks.bandwidth / 1e9:.1f} GB/s + t0 {t0 * 1e3:.1f} ms; no format can beat {fp32_row.step_s / max(t0, 1e-9):.2f}x"
+)
+amdahl = {r.name: verdicts.amdahl_speedup(fp32_row.step_s, fp32_row.bytes, r.bytes, peaks.bandwidth) for r in dec}
+for r in dec[1:]:
+    print(
+        f"  {r.name:<22} bytes {fp32_row.bytes / r.bytes:5.2f}x  Amdahl {amdahl[r.name]:5.2f}x  measured "
+        f"{sp[r.name][0]:5.2f}x ±{sp[r.name][1]:.0%}"
+    )
+int8_goal = verdicts.decode_goal("int8", sp[int8_row.name][0], amdahl[int8_row.name], spread=sp[int8_row.name][1])
+int4_goal = verdicts.decode_goal("int4", sp[int4_row.name][0], amdahl[int4_row.name], spread=sp[int4_row.name][1])
+follows = {
+    n: verdicts.matches_amdahl(n, sp[n][0], amdahl[n], spread=sp[n][1])
+    for n in (bf16_row.name, int8_row.name, int4_fp32head.name, int4_row.name)
+}
+
+# %% [markdown]
+# *Explain.* The bytes column is the prediction, Amdahl's column the prediction once the step's fixed part
+# is counted, and the speed-up columns the measurement. The fp32 LM head is what caps int4: with it, the
+# step reads more head than body (compare the two int4 rows). llama.cpp ships this head in Q8_0 for that
+# reason; the CPU's int8 kernel wants one scale per row, so the int8 head here is rounded per channel from
+# the dequantized Q8_0 (a second rounding, for the head only). Where a format beats its Amdahl prediction,
+# its kernel streams closer to the roof than fp32's does; where it falls below, the kernel does work per
+# byte that fp32 does not (int4's nibbles, as in section 2). The benchmark's goals are verdicts above:
+# where Amdahl's cap is below a goal, no kernel can reach it on this engine until t₀ shrinks (fewer Python
+# steps per token, fused norms and attention: chapter 02's overheads).
+#
+# *Speed and quality on the same configuration.* The rows timed here are the rows scored next: "int8
+# per-channel" is "int8 per-channel RTN" there, and "int4 Q4_1, int8 head" is "int4 g32 RTN", which lands
+# on Q4_1's own integers (below). The int4 g64 and GPTQ rows of section 4 are scored only: g64 reads
+# 0.03 fewer bytes per weight than g32, a difference this table cannot resolve.
 #
 # ## 4 · What it costs in quality
 #
@@ -358,9 +436,6 @@ smol = Engine(
 windows = requant.held_windows(smol, course_lib.pick(2, 16))
 chats = requant.chat_ids(smol.tokenizer, requant.CHAT_PROMPTS[:n_chats])
 live = {  # each format's layers are built when it is scored and freed after it
-    "Q4_1 as stored, int8 head": lambda e: requant.quantized_layers(
-        e, requant.INT4_G32, gguf_int4.engine_qweights(gguf_file("smollm2-135m-instruct"))
-    ),
     "int8 per-channel RTN": lambda e: requant.quantized_layers(e, requant.INT8),
     "int4 g32 RTN": lambda e: requant.quantized_layers(e, requant.INT4_G32),
     "int4 g64 RTN": lambda e: requant.quantized_layers(e, requant.INT4_G64),
@@ -370,23 +445,75 @@ print(f"{qual[0]['tokens']} held tokens, {len(chats)} chat prompts; reference = 
 print(requant.quality_table(qual))
 
 # %% [markdown]
-# Two rows are facts to teach rather than verdicts. "int4 g32 RTN" re-rounds the dequantized Q4_1 on a
+# One row is a fact to teach rather than a verdict. "int4 g32 RTN" re-rounds the dequantized Q4_1 on a
 # grid of the same shape (asymmetric, 32 weights per scale), so where a block uses its whole range it
-# lands back on Q4_1's own integers: its numbers match "Q4_1 as stored". And "Q4_1 as stored, int8 head"
-# changes the head alone (int8 weights, bf16 activations in the CPU kernel): its distance from the
-# reference is what the head costs.
+# lands back on Q4_1's own integers: the recorded run below scores it next to "Q4_1 as stored, int8 head"
+# (the file's own blocks) and the two rows are identical, so this run does not score Q4_1 again. Its
+# distance from the reference is then what the int8 head alone costs (int8 weights, bf16 activations in
+# the CPU kernel). Groups of 64 are the real test of group size: twice the weights per scale, on the same
+# held tokens. The verdict compares them token by token (a paired test: how many standard errors the
+# mean loss difference is), so it cannot pass on sampling noise.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 q = {r["format"]: r for r in qual}
-int8_free = claim("int8 per channel costs under 1% perplexity", q["int8 per-channel RTN"]["ppl_rel"], at_most=0.01)
-small_groups = claim(
-    "int4 groups of 32 lose less than groups of 64 (RTN)",
-    q["int4 g64 RTN"]["perplexity"] / q["int4 g32 RTN"]["perplexity"],
-    at_least=1.0,
-)
+int8_free = verdicts.int8_nearly_free(q["int8 per-channel RTN"]["ppl_rel"])
+z_groups = requant.paired_z(q["int4 g64 RTN"]["losses"], q["int4 g32 RTN"]["losses"])
+small_groups = verdicts.smaller_groups_pay(z_groups, "int4 g64 RTN", "int4 g32 RTN")
 
 # %% [markdown]
+# ### Perplexity against bits
+#
+# Two formats are two points. Round-to-nearest at 8, 6, 5, 4, 3 and 2 bits, asymmetric in groups of 64
+# (`compression.bits_curve`: each weight is rounded on the fly, so no kernel for 5 or 3 bits is needed to
+# score them), on the first 128 tokens of the same held text in quick mode (all its windows in full
+# mode), the LM head int8 as in the rows above. The x axis is what one
+# would store: bits/8 plus a bf16 scale and zero per 64 weights. *Predict:* below which width does the
+# cost stop being small?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+head8 = requant.quantized_layers(smol, requant.INT8)["lm_head"]
+curve_windows = course_lib.pick([windows[0][:129]], windows)  # quick mode: the first 128 tokens of one window
+curve = bits_curve.bits_curve(smol, curve_windows, group_size=64, head=head8, batch=2)
+ref_ppl = requant.score(smol, curve_windows, batch=2).perplexity  # the reference on the same tokens
+for r in curve:
+    print(
+        f"{r['bits']} bits g64: {r['bytes_per_weight']:.3f} bytes/weight  perplexity {r['perplexity']:9.3f}"
+        f"  ({r['perplexity'] / ref_ppl - 1:+8.1%})"
+    )
+del head8
+cost = {r["bits"]: r["perplexity"] / ref_ppl - 1 for r in curve}
+ok = [b for b in cost if all(cost[c] < 0.05 for c in cost if c >= b)]  # every width from b up
+cheap = f"{min(ok)} bits and more" if ok else "no width here"
+fig, ax = plt.subplots(figsize=plots.FIGSIZE, dpi=plots.DPI)
+ax.plot([r["bytes_per_weight"] for r in curve], [r["perplexity"] for r in curve], "o-", label="RTN, groups of 64")
+for r in curve:
+    ax.annotate(
+        f"{r['bits']} bits",
+        (r["bytes_per_weight"], r["perplexity"]),
+        fontsize=7,
+        xytext=(4, 4),
+        textcoords="offset points",
+    )
+ax.axhline(ref_ppl, color="grey", ls="--", label="reference (dequantized Q4_1)")
+ax.set_yscale("log")
+ax.set(
+    xlabel="bytes per weight (integer + bf16 scale and zero per group)",
+    ylabel="perplexity (log scale)",
+    title=f"SmolLM2 perplexity vs bytes per weight (RTN g64): {cheap} cost under 5% perplexity",
+)
+ax.title.set_fontsize(9)
+ax.grid(True, alpha=0.25)
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# The curve says where round-to-nearest breaks on this model; its title is computed from the printed
+# numbers (a description of this run, on 128 held tokens in quick mode, not a verdict). These weights were already 4-bit
+# once (Q4_1), so re-rounding them at 5 or 6 bits is not free the way it is for a model shipped in bf16:
+# each grid lands between Q4_1's levels.
+#
 # ### Better than round-to-nearest: GPTQ
 #
 # RTN rounds each weight on its own. But the layer's output is W·x, and inputs are correlated: an error
@@ -425,12 +552,7 @@ print(
 print(f"{rec['held_text']}; calibration {rec['calibration']}: {rec['calibration_s']:.0f} s, GPTQ {rec['gptq_s']:.0f} s")
 print(requant.quality_table(rec["rows"]))
 rq = {r["format"]: r for r in rec["rows"]}
-gptq_better = claim(
-    "GPTQ beats RTN at int4 g64 (recorded run)",
-    rq["int4 g64 RTN"]["perplexity"] / rq["int4 g64 GPTQ"]["perplexity"],
-    at_least=1.0,
-    why_not="too little calibration text to estimate the input correlations",
-)
+gptq_better = verdicts.gptq_cuts_rtn_loss(rq["int4 g64 RTN"]["ppl_rel"], rq["int4 g64 GPTQ"]["ppl_rel"])
 
 # %% [markdown]
 # *Explain.* The general ordering is: more bits, smaller groups and error-aware rounding (GPTQ) each buy
@@ -438,13 +560,24 @@ gptq_better = claim(
 # can still flip greedy answers: the chat columns count how many answers stayed identical to the
 # reference's, which is what a user of the model sees.
 #
+# **AWQ** (Lin et al., 2023, *Activation-aware Weight Quantization*) is the other method real int4
+# checkpoints use. Where GPTQ corrects rounding errors with second-order information from calibration
+# inputs, AWQ observes that a small share of weight channels matter most (those that meet large
+# activations, the outliers of the next section), scales those channels up before rounding (and the
+# activations down, as SmoothQuant does) so that they round more finely, and then rounds to nearest: no
+# Hessian, no column-by-column updates, a search over one scaling exponent per layer. Both store the
+# same format (fp16 scales and 4-bit zeros, ~0.52 bytes per weight at g128), so they compare on quality
+# and calibration cost alone; the papers report AWQ close to GPTQ at 4 bits and both well ahead of RTN.
+# This chapter measures RTN and GPTQ; AWQ is not implemented here.
+#
 # ### Why activations are harder: outliers
 #
 # (From here on the chapter uses the tiny `tiny-target`: it is pruned, fine-tuned and distilled below.)
 # Weight-only quantization leaves activations in float. Quantizing them too (W8A8) lets int8 tensor
 # cores do the math, but a few input channels of an LLM's activations carry values far larger than the
-# rest, in every token. Where do they sit in our model? `channel_absmax` runs validation text through the
-# engine and records, for each layer's input, the largest |x| per channel:
+# rest, in every token. Where do they sit in our model? `channel_absmax` runs text through the engine and
+# records, for each layer's input, the largest |x| per channel. As for GPTQ, the scales are *calibrated*
+# on the training split and the error is measured on held (validation) rows they never saw:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -452,43 +585,52 @@ target = Engine("tiny-target", device=DEV)  # the tiny model from here on: outli
 MAX_TOKENS = course_lib.pick(8192, 65536)
 tiny_ppl = evaluate.perplexity(target, max_tokens=MAX_TOKENS)
 val = evaluate.validation_tokens(target)  # the held-out split, as token ids
+train = token_ids(target.tokenizer, "train")  # the calibration split
 val_windows = [val[i : i + 256].tolist() for i in range(0, 4 * 256, 256)]
-stats = smoothquant.channel_absmax(target, val_windows, names=[n for n, _ in target.model.linears() if n != "lm_head"])
+train_windows = [train[i : i + 256].tolist() for i in range(0, 4 * 256, 256)]
+layer_names = [n for n, _ in target.model.linears() if n != "lm_head"]
+calib = smoothquant.channel_absmax(target, train_windows, names=layer_names)  # scales from the train split
+stats = smoothquant.channel_absmax(target, val_windows, names=layer_names)  # held rows to measure on
 lin = dict(target.model.linears())
-print(f"{'layer':<18}{'max/median':>11}  top channels   W8A8 error: plain  smoothed  weight-only")
+print(f"{'layer':<18}{'max/median':>11}  top channels   W8A8 error on held rows: plain  smoothed  weight-only")
+ratios = {}
 for name, (absmax, xs) in stats.items():
-    e = smoothquant.w8a8_error(xs, lin[name].weight, absmax)
+    ratios[name] = smoothquant.outlier_ratio(calib[name][0])
+    e = smoothquant.w8a8_error(xs, lin[name].weight, calib[name][0])
     print(
-        f"{name:<18}{smoothquant.outlier_ratio(absmax):>11.1f}  {str(absmax.topk(3).indices.tolist()):<14}"
-        f"{e.plain:>11.2%}{e.smoothed:>10.2%}{e.weight_only:>13.2%}"
+        f"{name:<18}{ratios[name]:>11.1f}  {str(calib[name][0].topk(3).indices.tolist()):<14}"
+        f"{e.plain:>25.2%}{e.smoothed:>10.2%}{e.weight_only:>13.2%}"
     )
+print(f"outliers in this model: {min(ratios.values()):.1f}x to {max(ratios.values()):.1f}x the median channel")
 
 # %% [markdown]
-# In this small model the outliers are mild: the largest channel is a few times the median, largest at
-# the input of `down`. Some channels recur as the largest in layer after layer: the same dimensions of
-# the residual stream carry large values everywhere, as in large models. SmoothQuant (Xiao et al., 2023)
+# In this small model the outliers are mild (the range is printed under the table), largest at the input
+# of `down`. Some channels recur as the largest in layer after layer: the same dimensions of the
+# residual stream carry large values everywhere, as in large models. SmoothQuant (Xiao et al., 2023)
 # divides channel j of X by s_j and multiplies column j of W by s_j (X·Wᵀ is unchanged), with
-# s_j = max|X_j|^α / max|W_j|^(1−α), so both become easy to quantize. In models of several billion
-# parameters the outliers reach about 100× the typical value. Inflating one channel of our real
-# activations to that size shows what smoothing is for. The per-token int8 scale stretches to the
-# outlier, so every *other* channel of that token lands on a few grid steps:
+# s_j = max|X_j|^α / max|W_j|^(1−α), so both become easy to quantize. At these mild ratios the table
+# shows what smoothing buys here: compare the plain and smoothed columns, both already near the
+# weight-only error. In models of several billion parameters the outliers reach about 100× the typical
+# value (Dettmers et al., 2022; Xiao et al., 2023). The next cell makes that case **synthetically**:
+# it inflates one channel of our real activations (and of the calibration maxima) to 10× and 100×, to
+# show what smoothing is for. The per-token int8 scale stretches to the outlier, so every *other*
+# channel of that token lands on a few grid steps:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 name = "layers.2.qkv"
-xs, col = stats[name][1], 0  # real activations entering layer 2's q/k/v; we inflate channel 0
+xs, col = stats[name][1], 0  # held activations entering layer 2's q/k/v; we inflate channel 0
 for factor in (1, 10, 100):
-    x_out = xs.clone()
+    x_out, cal = xs.clone(), calib[name][0].clone()
     x_out[:, col] *= factor
-    plain, smoothed = smoothquant.ordinary_channel_error(x_out, [col], lin[name].weight)
-    e = smoothquant.w8a8_error(x_out, lin[name].weight)
+    cal[col] *= factor  # the calibration split sees the same outlier channel
+    plain, smoothed = smoothquant.ordinary_channel_error(x_out, [col], lin[name].weight, act_absmax=cal)
+    e = smoothquant.w8a8_error(x_out, lin[name].weight, cal)
     print(
         f"channel {col} x{factor:>3}: int8 error of the other channels {plain:6.2%} plain, {smoothed:6.2%} smoothed;"
         f" layer output error {e.plain:6.2%} plain, {e.smoothed:6.2%} smoothed"
     )
-smooth_helps = claim(
-    "with a 100x outlier, smoothing cuts the other channels' int8 error at least 3x", plain / smoothed, at_least=3
-)
+smooth_helps = verdicts.smoothing_helps(plain, smoothed, factor)
 
 # %% [markdown]
 # ## 5 · Pruning: zeros that are still read
@@ -501,7 +643,7 @@ smooth_helps = claim(
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-sparsities = course_lib.pick((0.0, 0.3, 0.5, 0.7), (0.0, 0.1, 0.3, 0.5, 0.7, 0.9))
+sparsities = course_lib.pick((0.0, 0.5, 0.7), (0.0, 0.1, 0.3, 0.5, 0.7, 0.9))
 ppl_sparse = {}
 for s in sparsities:
     eng = Engine("tiny-target", device=DEV)  # a fresh copy: pruning zeroes weights in place
@@ -517,22 +659,23 @@ for r in timing:
     shown = f"{r['time_s'] * 1e3:7.2f} ms {r['speedup']:5.2f}x" if r["time_s"] == r["time_s"] else "  not run here"
     print(f"{r['format']:<26} {r['bytes'] / 1e6:7.1f} MB  {shown}  {r['note']}")
 dense_row = next(r for r in timing if r["format"].startswith("dense") and r["density"] == 1.0)
-zeros_row = next(r for r in timing if r["format"].startswith("dense") and r["density"] < 1.0)
-zeros_same = claim(
-    "a dense matrix with half its weights zero takes the same time (within 20%)",
-    zeros_row["time_s"] / dense_row["time_s"],
-    at_least=0.8,
-    at_most=1.2,
-)
+nnz = N * N // 2  # 50% sparsity
+for bits, name in ((64, "int64 (torch's)"), (32, "int32")):
+    csr = nnz * (4 + bits // 8) + (N + 1) * bits // 8  # fp32 values + a column index each + row pointers
+    print(f"CSR at 50% with {name} indices: {csr / 1e6:6.1f} MB = {csr / dense_row['bytes']:.2f}x the dense matrix")
 
 # %% [markdown]
-# *Explain.* The first table says what each sparsity costs in quality here; the second says the time
-# does not move. A dense matmul multiplies by zero as fast as by anything else, and a sparse format (CSR)
-# must store an index next to each kept value, so at 50% it reads *more* bytes than the dense matrix (the
-# MB column) and runs a less efficient kernel. Hardware support changes that only for fixed patterns:
-# NVIDIA's **2:4** sparsity (two nonzeros in every four) is skipped by the sparse tensor cores of Ampere
-# and newer GPUs, which read half the values plus a small index. Here is what the pattern costs in
-# quality (the speed needs such a GPU):
+# *Explain.* The first table says what each sparsity costs in quality here; the second shows the time. It
+# is a fact of dense kernels, not a claim to test: a dense matmul reads every weight and multiplies by zero
+# as fast as by anything else, so a dense matrix with zeros takes a dense matrix's time. A sparse format
+# (CSR) must store an index next to each kept value. torch stores **int64** indices, so at 50% it reads
+# *more* bytes than the dense matrix (the MB column); with int32 indices, 50% sparse reads exactly as
+# many bytes as dense (the lines above compute both), and only well above 50% do the bytes fall, while
+# the kernel, gathering by index, streams less efficiently than a dense one. Hardware support changes
+# that only for fixed patterns: NVIDIA's **2:4** sparsity (two nonzeros in every four) is skipped by the
+# sparse tensor cores of Ampere and newer GPUs, which read half the values plus a 2-bit index each. This
+# CPU has no such kernel, so 2:4's *speed* is not measured here at all (it belongs to the course's GPU
+# path); here is what the pattern costs in quality:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -544,11 +687,22 @@ print(
 print(f"2:4 perplexity {evaluate.perplexity(eng24, max_tokens=MAX_TOKENS):.3f} vs dense {tiny_ppl:.3f}")
 
 # %% [markdown]
-# Structured pruning shrinks the matrices, so it can change the time; at what price in quality?
+# Structured pruning shrinks the matrices, so it changes the bytes; at what price in quality? *Name the
+# regime first:* the cell compares tiny-target's weights with this CPU's last-level cache. A model that
+# fits there decodes overhead-bound (chapter 01): its step time is Python, launches and per-layer fixed
+# costs, not bytes, so removing MLP channels barely moves it; structured pruning pays in time only on a
+# model whose weights stream from DRAM.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-dense_step = evaluate.decode_step_time(Engine("tiny-target", device=DEV), new_tokens=course_lib.pick(16, 64), repeats=3)
+dense_eng = Engine("tiny-target", device=DEV)
+tiny_bytes = apply.linear_bytes(dense_eng)
+print(
+    f"tiny-target linear weights {tiny_bytes / 1e6:.1f} MB = {tiny_bytes / llc:.2f}x the LLC: "
+    + ("cache-resident, the step is overhead-bound" if tiny_bytes < llc else "larger than the LLC")
+)
+dense_step = evaluate.decode_step_time(dense_eng, new_tokens=course_lib.pick(16, 64), repeats=3)
+del dense_eng
 for frac in (0.25, 0.5):
     eng = Engine("tiny-target", device=DEV)
     rep = prune.prune_mlp_channels(eng, frac)
@@ -572,6 +726,18 @@ log = prune.recover(eng, masks, steps=course_lib.pick(8, 100), batch=course_lib.
 after = evaluate.perplexity(eng, max_tokens=MAX_TOKENS)
 print(f"50% sparse: perplexity {before:.3f} -> {after:.3f} after {len(log)} fine-tuning steps (dense: {tiny_ppl:.3f})")
 print(f"still {prune.sparsity_of(eng):.1%} zeros")
+
+# %% [markdown]
+# *What the literature adds.* Frankle & Carbin's **lottery ticket** result (2019) found that a dense
+# network contains sparse subnetworks that, trained from their original initialisation, match the dense
+# model; and Liu et al. (2019, *Rethinking the Value of Network Pruning*) found that for structured
+# pruning, training the *pruned architecture from scratch* often does as well as pruning and
+# fine-tuning: what pruning finds is an architecture more than a set of weights (Huyen, ch. 9, draws the
+# same lesson). For LLMs, where retraining is unaffordable, one-shot methods prune without it:
+# **SparseGPT** (Frantar & Alistarh, 2023) uses GPTQ's second-order update to compensate the pruned
+# weights, and **Wanda** (Sun et al., 2023) ranks weights by |w|·‖x‖ (magnitude times the activation
+# norm of its input channel) instead of |w| alone; both reach 50% unstructured or 2:4 sparsity on models
+# of billions of parameters with a small perplexity cost, which is worth speed only where 2:4 kernels run.
 
 # %% [markdown]
 # ## 6 · Distillation: a small model taught by a large one
@@ -598,7 +764,12 @@ for name, log in logs.items():
     ax.plot(
         [r["step"] for r in log["log"]], [r["val"]["loss"] for r in log["log"]], "o-", label=f"{name} (shipped log)"
     )
-ax.set(xlabel="training step", ylabel="validation loss", title="same size, same budget: scratch vs distilled")
+ax.set(
+    xlabel="training step",
+    ylabel="validation loss (nats per token)",
+    title="same size, same budget: does the distilled student reach a lower loss than the scratch draft?",
+)
+ax.title.set_fontsize(9)
 ax.grid(True, alpha=0.25)
 ax.legend(fontsize=8)
 plt.show()
@@ -625,9 +796,12 @@ distilled_agrees = claim(
 
 # %% [markdown]
 # *Explain.* The teacher's distribution tells the student which wrong answers are *nearly* right, which
-# a one-hot target cannot; at the same size and budget the student therefore learns a function closer to
-# the teacher's, which is exactly what a speculative draft needs. The student is still a 590k-parameter
-# model: distillation narrows the gap to the teacher, it does not close it.
+# a one-hot target cannot; at the same size and budget the student can learn a function closer to the
+# teacher's, and the verdict above says whether it did here. Agreement is what a speculative draft is
+# judged by, but it is not yet speed: chapter 04 measures both drafts' acceptance and wall-clock, and
+# there the distilled one does not win (both shipped logs end with the validation loss rising, so
+# neither training run is at its best). The student is still a 590k-parameter model: distillation
+# narrows the gap to the teacher at best, it does not close it.
 
 # %% [markdown]
 # ### Record the headline figures
@@ -637,17 +811,10 @@ distilled_agrees = claim(
 ch = "03_compression"
 record(ch, "gemv_int8_speedup", base.seconds / rows[1].seconds, "x", theory=base.weight_bytes / rows[1].weight_bytes)
 record(ch, "gemv_int4_speedup", int4_speedup, "x", theory=base.weight_bytes / rows[2].weight_bytes)
-record(
-    ch,
-    "decode_int8_speedup_smollm2",
-    fp32_row.step_s / d["int8 per-channel"].step_s,
-    "x",
-    theory=fp32_row.bytes / d["int8 per-channel"].bytes,
-)
-record(
-    ch, "decode_int4_speedup_smollm2", fp32_row.step_s / int4_row.step_s, "x", theory=fp32_row.bytes / int4_row.bytes
-)
-record(ch, "decode_bf16_speedup_smollm2", fp32_row.step_s / bf16_row.step_s, "x", note=bf16_row.name)
+record(ch, "decode_int8_speedup_smollm2", sp[int8_row.name][0], "x", theory=amdahl[int8_row.name], note="Amdahl")
+record(ch, "decode_int4_speedup_smollm2", sp[int4_row.name][0], "x", theory=amdahl[int4_row.name], note="Amdahl")
+record(ch, "decode_bf16_speedup_smollm2", sp[bf16_row.name][0], "x", theory=amdahl[bf16_row.name], note="Amdahl")
+record(ch, "decode_int4_vs_bf16_smollm2", vs_bf16[int4_row.name], "x", theory=bf16_row.bytes / int4_row.bytes)
 record(ch, "ppl_int8_rel_smollm2", q["int8 per-channel RTN"]["ppl_rel"], "fraction")
 record(
     ch,
@@ -738,14 +905,18 @@ ch03.check_stream_ms(answer, bandwidth=peaks.bandwidth, model="bench-80m", confi
 #
 # * A quantized weight is an integer plus a scale (and zero point) per tensor, channel or group. Bytes
 #   per weight = bits/8 + the scales' share; round-to-nearest is within scale/2 of the original.
-# * Decode is bandwidth-bound, so weight-only quantization speeds it up by about the ratio of bytes,
-#   less what unpacking, scales and fixed per-step costs take; the engine as a whole gains less than
-#   its products.
-# * Quality: int8 per channel is nearly free; int4 needs groups, and error-aware rounding (GPTQ) buys back
-#   part of the loss at the same bytes. Activations are harder than weights because of outlier
-#   channels; SmoothQuant moves the difficulty into the weights.
+# * Decode is bandwidth-bound, so weight-only quantization speeds a product up by about the ratio of
+#   bytes while its kernel streams at the roof (int4's unpacking can make it compute-bound first); the
+#   whole step gains what Amdahl's law allows, because norms, attention, sampling and Python do not
+#   shrink. Name the memory level first: a copy that fits in the cache measures the cache.
+# * Quality: int8 per channel is nearly free; at 4 bits the group size matters (g64 against g32 on the
+#   real model, section 4's verdict), below 4 bits round-to-nearest falls apart (the curve), and
+#   error-aware rounding (GPTQ; AWQ by another route) buys back part of the loss at the same bytes.
+#   Activations are harder than weights because of outlier channels; SmoothQuant moves the difficulty
+#   into the weights, and buys most where the outliers are large.
 # * Pruning removes weights but not bytes, unless the pattern is one the hardware can skip (2:4 on
-#   sparse tensor cores) or the matrices really shrink (structured pruning), which costs more quality.
+#   sparse tensor cores) or the matrices really shrink (structured pruning), which costs more quality
+#   and pays in time only where the step is bandwidth-bound.
 # * **Distillation** trains a small model on a large one's soft predictions; at the same size and budget
 #   it agrees with the teacher more often than a model trained from scratch (the verdict of section 6
 #   says by how much here), which is what chapter 04's speculative decoding needs from a draft.

@@ -77,17 +77,49 @@ def test_quantize_chunked_is_quantize(config):
 def test_decode_speeds_refuses_bad_input_before_any_work():
     with pytest.raises(ValueError, match="formats"):
         df.decode_speeds(["fp16"])
-    with pytest.raises(ValueError, match="new_tokens"):
-        df.decode_speeds(["int8 per-channel"], new_tokens=1)
+    with pytest.raises(ValueError, match="steps"):
+        df.decode_speeds(["fp32 oneDNN packed"], steps=1)
+    with pytest.raises(ValueError, match="baseline"):
+        df.decode_speeds(["int8 per-channel"])
+    with pytest.raises(ValueError, match="without repeats"):
+        df.decode_speeds(["fp32 oneDNN packed", "fp32 oneDNN packed"])
 
 
-def test_table_ratios():
+def test_table_ratios_are_paired_per_repeat():
     rows = [
-        df.DecodeRow("fp32 oneDNN packed", "p", 400, 100, 0.04),
-        df.DecodeRow("int4 Q4_1, int8 head", "p", 70, 30, 0.01),
+        df.DecodeRow("fp32 oneDNN packed", "p", 400, 100, 0.04, (0.04, 0.08)),
+        df.DecodeRow("bf16 oneDNN packed", "p", 200, 50, 0.02, (0.02, 0.03), (0.04, 0.06)),  # its own group
+        df.DecodeRow("int4 Q4_1, int8 head", "p", 70, 30, 0.01, (0.01, 0.02), (0.04, 0.08)),
     ]
     text = df.table(rows)
-    assert "0.200" in text and "4.00x" in text  # 100/500 of the bytes, 4x the speed
+    assert "0.200" in text and "4.00x" in text and "2.00x" in text  # bytes 100/500; 4x fp32, 2x bf16
+    # a slow second repeat slowed every format alike: the paired ratio has no spread
+    assert df.speedup(rows, "fp32 oneDNN packed", "int4 Q4_1, int8 head") == pytest.approx((4.0, 0.0))
+    assert rows[0].spread == pytest.approx(1 / 3)  # while each row's own time spread ±33%
+    assert df.speedup(rows, "bf16 oneDNN packed", "int4 Q4_1, int8 head")[0] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="no row named"):
+        df.speedup(rows, "fp32 oneDNN packed", "int8 per-channel")
+
+
+def test_int8_from_packed_fp32_is_int8_of_the_plain_weight():
+    w = torch.randn(48, 32, generator=torch.Generator().manual_seed(4))
+    got = df.int8_from({"a": PackedLinear(w)})["a"]
+    want = quantize(w, df.INT8)
+    assert torch.equal(got.qw.data, want.data) and torch.equal(got.qw.scale, want.scale)
+
+
+def test_bf16_from_packed_fp32_is_the_bf16_weight():
+    w = torch.randn(48, 32, generator=torch.Generator().manual_seed(3))
+    got = df.bf16_from({"a": PackedLinear(w), "b": Linear(w)})
+    x = torch.randn(2, 32)
+    for lin in got.values():
+        torch.testing.assert_close(lin(x), PackedLinear(w.bfloat16())(x))
+
+
+def test_step_times_times_engine_steps_and_leaves_it_idle(target):
+    eng = Engine(target.hf_model, target.tokenizer, linear="reference")
+    times = df.step_times(eng, steps=3, warmup=1, context_len=8)
+    assert len(times) == 3 and all(t > 0 for t in times) and not eng.has_unfinished()
 
 
 # ----------------------------------------------------------------------------- requant
@@ -158,3 +190,13 @@ def test_the_loader_reads_safetensors_exactly_and_casts(tmp_path):
             _read_safetensors(bad, torch.float32)
     with pytest.raises(ValueError, match="dtype"):
         _read_safetensors(path, torch.int8)
+
+
+def test_paired_z_sees_a_shift_and_not_noise():
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(512, generator=g) * 4
+    assert requant.paired_z(a + 0.1, a) > 100  # the same tokens, every one worse: far beyond noise
+    noise = torch.randn(512, generator=g) * 0.01
+    assert abs(requant.paired_z(a + noise, a)) < 4
+    with pytest.raises(ValueError, match="same shape"):
+        requant.paired_z(a, a[:10])

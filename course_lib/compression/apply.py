@@ -70,17 +70,44 @@ def quantize_engine(
 
 @dataclass(frozen=True)
 class GemvRow:
-    """One decode-shaped product timed: ``batch`` rows through an (out, in) weight in one format."""
+    """One decode-shaped product timed: ``batch`` rows through an (out, in) weight in one format.
+
+    ``weight_bytes`` is what the kernel reads (``decode_formats.layer_bytes``: the CPU kernels' bf16
+    scales and zeros). ``seconds`` is the median over ``samples``; with a ``working_set`` the calls cycle
+    through ``copies`` copies of the weight (so the bytes come from DRAM, not from the cache), and
+    ``hot_seconds`` is the median of the same product on one copy, called again and again (cache-resident
+    where it fits)."""
 
     name: str
     path: str
     weight_bytes: int
     seconds: float
+    samples: tuple = ()
+    copies: int = 1
+    hot_seconds: float | None = None
 
     @property
     def gbps(self) -> float:
         """Weight bytes streamed per second."""
         return self.weight_bytes / self.seconds / 1e9
+
+    @property
+    def working_set(self) -> int:
+        """Bytes the timed calls cycle through (copies × the weight)."""
+        return self.copies * self.weight_bytes
+
+
+def _copy_for_timing(layer):
+    """A copy of ``layer`` with its own storage for what its forward reads (the packed CPU layout of a
+    quantized layer, the weight of a float one) and nothing else, so the copies cost the bytes they read."""
+    import copy
+
+    c = copy.copy(layer)
+    if isinstance(layer, WeightOnlyLinear) and layer._prepared is not None:
+        c._prepared = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in layer._prepared)
+    else:
+        c.weight = layer.weight.clone()
+    return c
 
 
 def gemv_speed(
@@ -92,25 +119,58 @@ def gemv_speed(
     repeats: int = 20,
     device: str = "cpu",
     seed: int = 0,
+    bf16: bool = False,
+    working_set: int | None = None,
 ) -> list[GemvRow]:
     """Time ``batch`` rows through a random (out, in) matrix: fp32 ``F.linear`` (the baseline), then each
-    ``QuantConfig`` in ``configs`` as a ``WeightOnlyLinear`` on its fastest path. Medians, warm-up excluded."""
+    ``QuantConfig`` in ``configs`` as a ``WeightOnlyLinear`` on its fastest path, then (``bf16=True``) bf16
+    ``F.linear`` with bf16 activations. Medians, warm-up excluded. ``working_set`` (bytes, e.g. 4× the
+    LLC): each format cycles through enough copies of its weight to read at least that many bytes, so no
+    format is served from the cache; one copy at a time is built (the copies are freed after each row)."""
+    from course_lib.compression.linear import layer_bytes
     from course_lib.engine.layers import Linear
     from course_lib.measure.bench import benchmark
 
     for name, v in (("out_features", out_features), ("in_features", in_features), ("batch", batch)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if working_set is not None and (
+        isinstance(working_set, bool) or not isinstance(working_set, int) or working_set < 1
+    ):
+        raise ValueError(f"working_set must be None or a positive int (bytes), got {working_set!r}")
     gen = torch.Generator(device=device).manual_seed(seed)
     w = torch.randn(out_features, in_features, generator=gen, device=device) * 0.02  # (out, in)
     x = torch.randn(batch, in_features, generator=gen, device=device)  # (batch, in)
     base = Linear(w)
-    layers = [("fp32 F.linear", base)] + [(c.name, WeightOnlyLinear.from_linear(base, c)) for c in configs]
+    makers = [("fp32 F.linear", lambda: base)] + [
+        (c.name, lambda c=c: WeightOnlyLinear.from_linear(base, c)) for c in configs
+    ]
+    if bf16:
+        makers.append(("bf16 F.linear", lambda: Linear(w.to(torch.bfloat16))))
     rows = []
-    with torch.inference_mode():
-        for name, layer in layers:
-            t = benchmark(lambda layer=layer: layer(x), repeats=repeats, warmup=3, device=device, label=name)
-            rows.append(GemvRow(name, getattr(layer, "path", "F.linear"), layer.nbytes, t.median_s))
+    for name, make in makers:
+        layer = make()
+        xi = x.to(torch.bfloat16) if name.startswith("bf16") else x
+        with torch.inference_mode():
+            layer(xi)  # the CPU kernels pack their layout on the first call
+        nbytes = layer_bytes(layer)
+        copies = 1 if working_set is None else max(1, -(-working_set // nbytes))
+        layers = [layer] + [_copy_for_timing(layer) for _ in range(copies - 1)]
+        turn = [0]
+
+        def call(layers=layers, xi=xi, turn=turn):
+            turn[0] = (turn[0] + 1) % len(layers)
+            return layers[turn[0]](xi)
+
+        with torch.inference_mode():
+            t = benchmark(call, repeats=repeats, warmup=max(3, copies), device=device, label=name)
+            hot = None
+            if copies > 1:
+                hot = benchmark(
+                    lambda lay=layer, xi=xi: lay(xi), repeats=repeats, warmup=3, device=device, label=name
+                ).median_s
+        rows.append(GemvRow(name, getattr(layer, "path", "F.linear"), nbytes, t.median_s, t.samples_s, copies, hot))
+        del layers, layer
     return rows
 
 

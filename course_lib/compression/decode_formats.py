@@ -24,29 +24,34 @@ from dataclasses import dataclass
 
 import torch
 
-from course_lib.compression.linear import WeightOnlyLinear
+from course_lib.compression.linear import WeightOnlyLinear, layer_bytes  # layer_bytes: re-exported
 from course_lib.compression.quantize import QuantConfig
-from course_lib.core.memory import return_large_blocks, trim_heap
+from course_lib.core.memory import trim_heap
 from course_lib.engine.layers import PackedLinear
 
 MODEL = "smollm2-135m-instruct"
+FP32 = "fp32 oneDNN packed"
 INT8 = QuantConfig(8, True, "channel")
-#: every format ``decode_speeds`` knows, in the order it builds them (the fp32 weights are shared until
-#: "fp32 oneDNN packed", which consumes them; the bf16 rows load the model again in bf16)
-FORMATS = (
-    "int8 per-channel",
-    "int4 Q4_1, fp32 head",
-    "int4 Q4_1, int8 head",
-    "fp32 oneDNN packed",
-    "bf16 F.linear",
-    "bf16 oneDNN packed",
+#: every format ``decode_speeds`` knows, in three interleaved groups that share the fp32 baseline: all
+#: formats of a group live in one fp32 engine and each repeat times every one of them in turn, so a slow
+#: minute of a shared machine hits them alike. Three groups because all five at once would hold ~1.3 GB
+#: of weights (Binder gives 1-2 GB): int4 first, then int8 and bf16, each made from the fp32 weights. bf16
+#: weights run oneDNN's bf16 kernel through ``PackedLinear`` (input cast to bf16, output back, as the
+#: int8/int4 kernels do with their bf16 activations); the fp32 LM head runs ``F.linear`` on the tied
+#: embedding itself, so the 113 MB matrix is held once.
+GROUPS = (
+    ("fp32 oneDNN packed", "int4 Q4_1, fp32 head", "int4 Q4_1, int8 head"),
+    ("fp32 oneDNN packed", "int8 per-channel"),
+    ("fp32 oneDNN packed", "bf16 oneDNN packed"),
 )
+FORMATS = tuple(dict.fromkeys(f for g in GROUPS for f in g))
 
 
-def pack_float_engine(engine) -> int:
-    """Replace every linear layer of ``engine`` by a ``PackedLinear`` and free the plain weights: the
-    ``transformers`` model's projections are emptied and ``engine.hf_model`` set to None (do not reuse it).
-    The embedding stays (the engine looks tokens up in it). Returns the number of layers packed."""
+def pack_float_engine(engine, skip=()) -> int:
+    """Replace every linear layer of ``engine`` (but those named in ``skip``) by a ``PackedLinear`` and free
+    the plain weights, one layer at a time: the ``transformers`` model's projections are emptied and
+    ``engine.hf_model`` set to None (do not reuse it). The embedding stays (the engine looks tokens up in
+    it). Returns the number of layers packed."""
     if not hasattr(engine, "model") or not hasattr(engine.model, "linears"):
         raise ValueError(f"engine must be a course Engine, got {type(engine).__name__}")
     hf = engine.hf_model
@@ -59,7 +64,7 @@ def pack_float_engine(engine) -> int:
             by_storage.setdefault(module.weight.untyped_storage().data_ptr(), []).append(module)
     n = 0
     with torch.no_grad():
-        for name in [n for n, _ in engine.model.linears()]:
+        for name in [n for n, _ in engine.model.linears() if n not in skip]:
             lin = dict(engine.model.linears())[name]
             if isinstance(lin, WeightOnlyLinear):
                 raise ValueError(f"layer {name!r} is quantized; pack a float engine")
@@ -72,16 +77,6 @@ def pack_float_engine(engine) -> int:
     engine.hf_model = None
     gc.collect()
     return n
-
-
-def layer_bytes(lin) -> int:
-    """Bytes one decode-shaped forward of ``lin`` reads, as its kernel stores them."""
-    if isinstance(lin, WeightOnlyLinear) and lin.path == "cpu":
-        n, k = lin.qw.shape
-        if lin.qw.config.bits == 8:
-            return n * k + n * 2  # int8 + one bf16 scale per row
-        return n * k // 2 + (k // lin.qw.group_size) * n * 2 * 2  # nibbles + a bf16 (scale, zero) per group
-    return int(lin.nbytes)
 
 
 def step_bytes(engine) -> tuple[int, int]:
@@ -97,13 +92,16 @@ def step_bytes(engine) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class DecodeRow:
-    """One format's decode step at batch 1: seconds, and the bytes it reads (decoder layers, LM head)."""
+    """One format's decode step at batch 1: seconds (the median over repeats of each repeat's median
+    ``engine.step()`` time), the per-repeat medians, and the bytes it reads (decoder layers, LM head)."""
 
     name: str
     path: str
     body_bytes: int
     head_bytes: int
     step_s: float
+    samples: tuple = ()
+    fp32_samples: tuple = ()  # the fp32 baseline's medians, timed in the same repeats as this row
 
     @property
     def bytes(self) -> int:
@@ -112,6 +110,45 @@ class DecodeRow:
     @property
     def tok_s(self) -> float:
         return 1.0 / self.step_s
+
+    @property
+    def spread(self) -> float:
+        """Relative run-to-run spread of the per-repeat medians (0 with one repeat)."""
+        from course_lib.measure.claims import relative_spread
+
+        return relative_spread(self.samples) if len(self.samples) > 1 else 0.0
+
+
+def _median(xs) -> float:
+    import statistics
+
+    return statistics.median(xs)
+
+
+def speedup(rows, slower: str, faster: str) -> tuple[float, float]:
+    """(speed-up of ``faster`` over ``slower``, its relative run-to-run spread). Against fp32 it is the
+    median of the per-repeat ratios (both timed in the same repeats, so a ratio compares like with like);
+    between two other rows it is the ratio of their two speed-ups over the fp32 they were each timed
+    with, and the spreads add."""
+    from course_lib.measure.claims import relative_spread
+
+    by = {r.name: r for r in rows}
+    missing = [n for n in (slower, faster) if n not in by]
+    if missing:
+        raise ValueError(f"no row named {missing}; rows are {list(by)}")
+
+    def over_fp32(r) -> tuple[float, float]:
+        ref = r.fp32_samples or r.samples
+        if len(ref) != len(r.samples) or not ref:
+            raise ValueError(f"row {r.name!r} must carry as many fp32 repeats as its own")
+        ratios = [x / y for x, y in zip(ref, r.samples)]
+        return _median(ratios), (relative_spread(ratios) if len(ratios) > 1 else 0.0)
+
+    fa, sa = over_fp32(by[faster])
+    if by[slower].name == FP32:
+        return fa, sa
+    fs, ss = over_fp32(by[slower])
+    return fa / fs, sa + ss
 
 
 def quantize_chunked(w: torch.Tensor, config: QuantConfig, rows: int = 4096):
@@ -127,93 +164,199 @@ def quantize_chunked(w: torch.Tensor, config: QuantConfig, rows: int = 4096):
     return concat_rows(*(quantize(w[i : i + rows], config) for i in range(0, w.shape[0], rows)))
 
 
-def _apply(fmt: str, eng, plain: dict) -> str:
-    """Put ``fmt``'s layers into ``eng`` (whose float layers are ``plain``); returns the path description."""
-    from course_lib.compression.gguf_int4 import quantize_engine_gguf
-    from course_lib.models.gguf import gguf_file
+def build_formats(eng, formats, int4_qweights=None) -> dict[str, tuple[str, dict]]:
+    """{format: (path description, {layer name: layer})} for the fp32 and int4 formats among ``formats``,
+    made from the fp32 engine ``eng``'s plain layers, which the fp32 packing consumes (it frees each plain
+    weight as it packs it), and from ``int4_qweights`` (``gguf_int4.engine_qweights``: read before the
+    model is loaded, when the file's temporaries have the most room). The int4 rows share their LM head
+    with the fp32 row, whose head is ``F.linear`` on the tied embedding, so no head is held twice."""
+    from course_lib.engine.layers import Linear
 
-    if fmt == "int8 per-channel":
-        for name, lin in plain.items():
-            eng.model.set_linear(name, WeightOnlyLinear(quantize_chunked(lin.weight, INT8), lin.bias))
-        return "aten._weight_int8pack_mm, head int8"
-    if fmt.startswith("int4 Q4_1"):
-        quantize_engine_gguf(eng, gguf_file(MODEL))  # every projection; the head is left to us
-        head = plain["lm_head"]
-        if fmt.endswith("int8 head"):
-            eng.model.set_linear("lm_head", WeightOnlyLinear(quantize_chunked(head.weight, INT8)))
-            return "aten._weight_int4pack_mm_for_cpu, head int8"
-        eng.model.set_linear("lm_head", PackedLinear(head.weight))
-        return "aten._weight_int4pack_mm_for_cpu, head fp32 oneDNN"
-    if fmt.endswith("oneDNN packed"):
-        pack_float_engine(eng)
-        return "mkldnn._linear_pointwise"
-    if fmt == "bf16 F.linear":
-        return "F.linear (torch's default)"
-    raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+    plain = dict(eng.model.linears())
+    out: dict[str, tuple[str, dict]] = {}
+    body4 = {}
+    if any(f.startswith("int4") for f in formats):
+        if int4_qweights is None:
+            from course_lib.compression.gguf_int4 import engine_qweights
+            from course_lib.models.gguf import gguf_file
+
+            int4_qweights = engine_qweights(gguf_file(MODEL))
+        body4 = {n: WeightOnlyLinear(qw, plain[n].bias) for n, qw in int4_qweights.items()}
+        trim_heap()
+    if "int4 Q4_1, int8 head" in formats:
+        head8 = WeightOnlyLinear(quantize_chunked(plain["lm_head"].weight, INT8))
+        out["int4 Q4_1, int8 head"] = ("aten._weight_int4pack_mm_for_cpu, head int8", {**body4, "lm_head": head8})
+    head = Linear(plain["lm_head"].weight)  # the tied embedding itself: F.linear, no copy
+    if FP32 in formats:
+        del plain  # the engine's own references are the last ones: packing frees each plain weight
+        pack_float_engine(eng, skip=("lm_head",))
+        fp32 = dict(eng.model.linears())
+        fp32["lm_head"] = head
+        out[FP32] = ("mkldnn._linear_pointwise, head F.linear", fp32)
+        trim_heap()
+    if "int4 Q4_1, fp32 head" in formats:
+        out["int4 Q4_1, fp32 head"] = (
+            "aten._weight_int4pack_mm_for_cpu, head fp32 F.linear",
+            {**body4, "lm_head": head},
+        )
+    return {f: out[f] for f in formats if f in out}
+
+
+def _plain_weight(lin) -> torch.Tensor:
+    return lin.unpacked() if isinstance(lin, PackedLinear) else lin.weight
+
+
+def int8_from(fp32_layers: dict) -> dict:
+    """int8 per-channel ``WeightOnlyLinear``s of fp32 layers (a ``PackedLinear`` gives its plain weight
+    back bit for bit with ``unpacked()``), one fp32 temporary at a time."""
+    out = {}
+    for n, lin in fp32_layers.items():
+        w = _plain_weight(lin)
+        out[n] = WeightOnlyLinear(quantize_chunked(w, INT8), lin.bias)
+        del w
+    return out
+
+
+def bf16_from(fp32_layers: dict) -> dict:
+    """bf16 ``PackedLinear`` copies of fp32 layers (``PackedLinear.unpacked()`` gives the plain weight back
+    bit for bit; a plain ``Linear`` gives its own), one fp32 temporary at a time."""
+    out = {}
+    for n, lin in fp32_layers.items():
+        w = _plain_weight(lin)
+        out[n] = PackedLinear(w.to(torch.bfloat16), lin.bias)
+        del w
+    return out
+
+
+def step_times(engine, *, steps: int, warmup: int, context_len: int = 16) -> list[float]:
+    """Seconds of each of ``steps`` decode steps of ``engine.step()`` at batch 1 after ``warmup`` untimed
+    ones (one request of ``context_len`` prompt tokens, prefilled first): chapter 01's TPOT measurement
+    (``bottlenecks.decode_roofline.time_decode_steps``) for an engine whose layers are swapped."""
+    import time
+
+    from course_lib.engine.sampling import SamplingParams
+
+    if engine.has_unfinished():
+        raise ValueError("engine has unfinished requests: step_times needs an idle engine")
+    vocab = engine.model.vocab_size
+    prompt = [1 + (104_729 * j) % (vocab - 1) for j in range(context_len)]
+    engine.add_request(prompt, SamplingParams(max_new_tokens=1 + warmup + steps, ignore_eos=True))
+    engine.step()  # the prefill
+    out = []
+    with torch.inference_mode():
+        for k in range(warmup + steps):
+            t0 = time.perf_counter()
+            engine.step()  # ends with .tolist(): synchronised
+            if k >= warmup:
+                out.append(time.perf_counter() - t0)
+    while engine.has_unfinished():
+        engine.step()
+    return out
 
 
 def decode_speeds(
-    formats=FORMATS, *, new_tokens: int = 16, repeats: int = 3, max_model_len: int = 128, model: str = MODEL
+    formats=FORMATS,
+    *,
+    steps: int = 16,
+    warmup: int = 2,
+    repeats: int = 3,
+    context_len: int = 16,
+    model: str = MODEL,
 ) -> list[DecodeRow]:
-    """Seconds per decode step at batch 1 (``compression.evaluate.decode_step_time``) of ``model`` in each
-    of ``formats`` (a subset of ``FORMATS``, built in that order). One fp32 engine serves the fp32 formats:
-    each puts its layers in through the linear seam, is timed, and gives the float layers back; "fp32
-    oneDNN packed" consumes the float weights last. The bf16 rows load the model again, in bf16."""
-    from course_lib.compression.evaluate import decode_step_time
+    """Seconds per decode step at batch 1 of ``model`` in each of ``formats`` (a subset of ``FORMATS``
+    that holds fp32), group by group (``GROUPS``): each group's formats are built in one fp32 engine,
+    then each repeat times every one of them in turn (``step_times``: ``steps`` engine steps after
+    ``warmup``). A row's ``samples`` are its per-repeat medians, ``fp32_samples`` the fp32 baseline's in
+    the same repeats; the fp32 row reports the first group's. Call ``core.memory.return_large_blocks`` first
+    (the chapter does, with its own threshold), so that each group's freed layers leave the process."""
     from course_lib.engine import Engine
     from course_lib.engine.scheduler import SchedulerConfig
     from course_lib.models.load import load_model
 
     formats = list(formats)
     bad = [f for f in formats if f not in FORMATS]
-    if bad or not formats:
-        raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}")
-    for name, v in (("new_tokens", new_tokens), ("repeats", repeats), ("max_model_len", max_model_len)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < (2 if name == "new_tokens" else 1):
-            raise ValueError(f"{name} must be an int >= {2 if name == 'new_tokens' else 1}, got {v!r}")
-    config = SchedulerConfig(max_model_len=max_model_len, max_num_seqs=1)
-    return_large_blocks()  # core.memory
-    rows: list[DecodeRow] = []
-    for dtype, group in (("fp32", FORMATS[:4]), ("bf16", FORMATS[4:])):
-        todo = [f for f in group if f in formats]
-        if not todo:
-            continue
-        hf, tok = load_model(model, dtype=dtype)
-        eng = Engine(hf, tok, config=config, linear="reference")
-        del hf
-        plain = dict(eng.model.linears())
-        for fmt in todo:
-            if fmt.endswith("oneDNN packed"):
-                plain = None  # the packing frees the float weights: nothing to give back afterwards
-            path = _apply(fmt, eng, plain)
-            step = decode_step_time(eng, batch=1, new_tokens=new_tokens, repeats=repeats)
-            rows.append(DecodeRow(fmt, path, *step_bytes(eng), step))
-            if plain is not None:
-                for name, lin in plain.items():
-                    eng.model.set_linear(name, lin)
-            trim_heap()
-        del eng, plain
+    if bad or not formats or len(set(formats)) != len(formats):
+        raise ValueError(f"formats must be a non-empty subset of {FORMATS} without repeats, got {formats!r}")
+    if FP32 not in formats:
+        raise ValueError(f"formats must include the baseline {FP32!r}: every speed-up is paired with it")
+    for name, v, lo in (
+        ("steps", steps, 2),
+        ("warmup", warmup, 0),
+        ("repeats", repeats, 1),
+        ("context_len", context_len, 1),
+    ):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+    q4 = None
+    if any(f.startswith("int4") for f in formats):  # the GGUF's temporaries, before the model takes its room
+        from course_lib.compression.gguf_int4 import engine_qweights
+        from course_lib.models.gguf import gguf_file
+
+        q4 = engine_qweights(gguf_file(model))
         trim_heap()
-    order = {f: i for i, f in enumerate(formats)}
-    return sorted(rows, key=lambda r: order[r.name])
+    hf, tok = load_model(model, dtype="fp32")
+    config = SchedulerConfig(max_model_len=context_len + warmup + steps + 2, max_num_seqs=1)
+    eng = Engine(hf, tok, config=config, linear="reference")
+    del hf
+    built = build_formats(eng, [f for f in GROUPS[0] if f in formats], q4)
+    del q4
+    rows: dict[str, DecodeRow] = {}
+
+    def run(eng, group: dict) -> None:
+        samples = {f: [] for f in group}
+        for _ in range(repeats):
+            for fmt, (_, layers) in group.items():
+                for name, lin in layers.items():
+                    eng.model.set_linear(name, lin)
+                samples[fmt].append(_median(step_times(eng, steps=steps, warmup=warmup, context_len=context_len)))
+        for fmt, (path, layers) in group.items():
+            for name, lin in layers.items():
+                eng.model.set_linear(name, lin)
+            if fmt not in rows:
+                rows[fmt] = DecodeRow(
+                    fmt, path, *step_bytes(eng), _median(samples[fmt]), tuple(samples[fmt]), tuple(samples[FP32])
+                )
+        for name, lin in group[FP32][1].items():  # the engine must not keep this group's layers alive
+            eng.model.set_linear(name, lin)
+
+    run(eng, built)
+    fp32 = built[FP32]
+    makers = {
+        "int8 per-channel": ("aten._weight_int8pack_mm, head int8", int8_from),
+        "bf16 oneDNN packed": ("mkldnn._linear_pointwise bf16 (bf16 weights)", bf16_from),
+    }
+    for group in GROUPS[1:]:
+        (fmt,) = [f for f in group if f != FP32]
+        if fmt not in formats:
+            continue
+        built.clear()  # the previous group's layers go before the next copy comes
+        trim_heap()
+        path, make = makers[fmt]
+        built.update({FP32: fp32, fmt: (path, make(fp32[1]))})
+        trim_heap()
+        run(eng, built)
+    del eng, built, fp32
+    trim_heap()
+    return [rows[f] for f in formats]
 
 
 def table(rows: list[DecodeRow], bandwidth: float | None = None) -> str:
-    """The rows as a text table: bytes per step (layers, head), their ratio to fp32, step time, tok/s,
-    speed-up over fp32 and over the fastest bf16 row, and the GB/s the step streamed."""
+    """The rows as a text table: bytes per step (layers, head), their ratio to fp32, step time with its
+    run-to-run spread, tok/s, speed-up over fp32 and over bf16 (paired per repeat, ``speedup``), and the
+    GB/s the step streamed."""
+    names = {r.name for r in rows}
+    fp32, bf16 = FP32, "bf16 oneDNN packed"
     by = {r.name: r for r in rows}
-    fp32 = by.get("fp32 oneDNN packed")
-    bf16 = min((r for r in rows if r.name.startswith("bf16")), key=lambda r: r.step_s, default=None)
-    head = f"{'format':<22}{'layers MB':>10}{'head MB':>8}{'bytes/fp32':>11}{'ms/step':>8}{'tok/s':>7}"
+    head = f"{'format':<22}{'layers MB':>10}{'head MB':>8}{'bytes/fp32':>11}{'ms/step':>8}{'spread':>8}{'tok/s':>7}"
     head += f"{'vs fp32':>8}{'vs bf16':>8}{'GB/s':>6}  path"
     lines = [head]
     for r in rows:
-        ratio = f"{r.bytes / fp32.bytes:>11.3f}" if fp32 else f"{'':>11}"
-        v32 = f"{fp32.step_s / r.step_s:>7.2f}x" if fp32 else f"{'':>8}"
-        v16 = f"{bf16.step_s / r.step_s:>7.2f}x" if bf16 else f"{'':>8}"
+        ratio = f"{r.bytes / by[fp32].bytes:>11.3f}" if fp32 in names else f"{'':>11}"
+        v32 = f"{speedup(rows, fp32, r.name)[0]:>7.2f}x" if fp32 in names else f"{'':>8}"
+        v16 = f"{speedup(rows, bf16, r.name)[0]:>7.2f}x" if bf16 in names else f"{'':>8}"
         lines.append(
             f"{r.name:<22}{r.body_bytes / 1e6:>10.1f}{r.head_bytes / 1e6:>8.1f}{ratio}{r.step_s * 1e3:>8.1f}"
-            f"{r.tok_s:>7.1f}{v32}{v16}{r.bytes / r.step_s / 1e9:>6.1f}  {r.path}"
+            f"{'±' + format(r.spread, '.0%'):>8}{r.tok_s:>7.1f}{v32}{v16}{r.bytes / r.step_s / 1e9:>6.1f}  {r.path}"
         )
     if bandwidth:
         lines.append(f"(measured memory bandwidth of this machine: {bandwidth / 1e9:.1f} GB/s)")
@@ -221,6 +364,13 @@ def table(rows: list[DecodeRow], bandwidth: float | None = None) -> str:
 
 
 __all__ = [
+    "FP32",
+    "GROUPS",
+    "bf16_from",
+    "int8_from",
+    "build_formats",
+    "speedup",
+    "step_times",
     "table",
     "FORMATS",
     "DecodeRow",

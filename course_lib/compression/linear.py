@@ -167,4 +167,14 @@ class WeightOnlyLinear(Linear):
         )
 
 
-__all__ = ["PATHS", "WeightOnlyLinear", "cpu_supports", "triton_supports"]
+def layer_bytes(lin) -> int:
+    """Bytes one decode-shaped forward of ``lin`` reads, as its kernel stores them."""
+    if isinstance(lin, WeightOnlyLinear) and lin.path == "cpu":
+        n, k = lin.qw.shape
+        if lin.qw.config.bits == 8:
+            return n * k + n * 2  # int8 + one bf16 scale per row
+        return n * k // 2 + (k // lin.qw.group_size) * n * 2 * 2  # nibbles + a bf16 (scale, zero) per group
+    return int(lin.nbytes)
+
+
+__all__ = ["PATHS", "WeightOnlyLinear", "cpu_supports", "layer_bytes", "triton_supports"]

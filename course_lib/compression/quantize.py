@@ -104,6 +104,20 @@ def expected_nbytes(shape: tuple[int, int], config: QuantConfig, scale_bytes: in
     return out * inp * config.bits // 8 + params * scale_bytes * n_scales
 
 
+def bytes_per_weight(bits: int, group_size: int, scale_bytes: float = 2.0, zero_bytes: float = 2.0) -> float:
+    """Stored bytes per weight of a grouped format: bits/8 for the integer, plus one scale of ``scale_bytes``
+    and one zero of ``zero_bytes`` shared by ``group_size`` weights (``QuantizedWeight.nbytes`` keeps fp32:
+    4 and 4; the CPU int4 kernel reads bf16: 2 and 2; GPTQ/AWQ checkpoints store an fp16 scale and a
+    4-bit integer zero point: 2 and 0.5; llama.cpp's Q4_1 an fp16 scale and minimum per 32: 2 and 2)."""
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 32:
+        raise ValueError(f"bits must be an int from 1 to 32, got {bits!r}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+    if scale_bytes < 0 or zero_bytes < 0:
+        raise ValueError(f"scale_bytes and zero_bytes must be >= 0, got {scale_bytes!r}, {zero_bytes!r}")
+    return bits / 8 + (scale_bytes + zero_bytes) / group_size
+
+
 def check_weight(w: torch.Tensor, config: QuantConfig, name: str = "w") -> None:
     """Raise a ValueError naming ``name`` unless ``w`` is a float (out, in) matrix that ``config`` can take."""
     if isinstance(w, QuantizedWeight):
@@ -196,6 +210,7 @@ __all__ = [
     "QuantizedWeight",
     "check_weight",
     "dequantize",
+    "bytes_per_weight",
     "expected_nbytes",
     "fp8_roundtrip",
     "max_error",

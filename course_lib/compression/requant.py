@@ -54,6 +54,7 @@ class Scored:
     loss: float
     tokens: int
     argmax: torch.Tensor  # (positions,)
+    losses: torch.Tensor | None = None  # (positions,) each token's loss, for paired comparisons
 
     @property
     def perplexity(self) -> float:
@@ -73,16 +74,18 @@ def score(engine, windows, batch: int = 2) -> Scored:
         raise ValueError(f"batch must be an int >= 1, got {batch!r}")
     if not windows:
         raise ValueError("windows is empty")
-    total, n, argmax = 0.0, 0, []
+    total, n, argmax, losses = 0.0, 0, [], []
     for first in range(0, len(windows), batch):
         x = torch.from_numpy(np.stack(windows[first : first + batch])).to(engine.device)  # (B, T+1)
         logits = engine.model.dense_logits(x[:, :-1]).float()  # (B, T, V)
         target = x[:, 1:]
-        total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum").item()
+        per = torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
+        total += per.sum().item()
+        losses.append(per)
         n += target.numel()
         argmax.append(logits.argmax(-1).flatten())
         del logits
-    return Scored(total / n, n, torch.cat(argmax))
+    return Scored(total / n, n, torch.cat(argmax), torch.cat(losses))
 
 
 def chat_ids(tokenizer, prompts=CHAT_PROMPTS) -> list[list[int]]:
@@ -175,6 +178,7 @@ def compare_formats(engine, windows, ids, formats: dict, max_new_tokens: int = 3
             "agreement": 1.0,
             "chat": chat_agreement(ref_answers, ref_answers),
             "tokens": ref.tokens,
+            "losses": ref.losses,
         }
     ]
     for label, make in formats.items():
@@ -189,9 +193,20 @@ def compare_formats(engine, windows, ids, formats: dict, max_new_tokens: int = 3
                 "agreement": s.agreement(ref),
                 "chat": chat_agreement(ref_answers, a),
                 "tokens": s.tokens,
+                "losses": s.losses,
             }
         )
     return rows
+
+
+def paired_z(losses_a: torch.Tensor, losses_b: torch.Tensor) -> float:
+    """How many standard errors the mean per-token loss of a sits above b's on the same tokens:
+    mean(a − b) / (std(a − b) / √n). Above ~2, the held text says a is worse, beyond its sampling noise."""
+    if losses_a is None or losses_b is None or losses_a.shape != losses_b.shape or losses_a.numel() < 2:
+        raise ValueError("need two per-token loss tensors of the same shape, at least 2 tokens (Scored.losses)")
+    d = (losses_a - losses_b).double()
+    se = d.std() / d.numel() ** 0.5
+    return float(d.mean() / se) if se > 0 else (0.0 if d.mean() == 0 else float("inf") * float(d.mean().sign()))
 
 
 def quality_table(rows: list[dict]) -> str:
@@ -207,6 +222,7 @@ def quality_table(rows: list[dict]) -> str:
 
 
 __all__ = [
+    "paired_z",
     "quality_table",
     "compare_formats",
     "CHAT_PROMPTS",

@@ -64,7 +64,10 @@ def measure(n_windows: int = 32, n_calib: int = 32, max_new_tokens: int = 48, th
         "int4 g64 RTN": lambda e: requant.quantized_layers(e, requant.INT4_G64),
         "int4 g64 GPTQ": lambda e: requant.quantized_layers(e, requant.INT4_G64, gq),
     }
-    rows = requant.compare_formats(eng, windows, ids, formats, max_new_tokens)
+    rows = [
+        {k: v for k, v in r.items() if k != "losses"}
+        for r in requant.compare_formats(eng, windows, ids, formats, max_new_tokens)
+    ]
     layer_err = {n: {"gptq": v["gptq_error"], "rtn": v["rtn_error"]} for n, v in report["layers"].items()}
     return {
         "what": "SmolLM2-135M-Instruct re-quantized; reference = the dequantized Q4_1 weights ('fp32')",

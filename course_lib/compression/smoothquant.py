@@ -97,16 +97,19 @@ def w8a8_error(x: torch.Tensor, weight: torch.Tensor, act_absmax: torch.Tensor |
     return W8A8Error(float(plain), float(smoothed), float(weight_only))
 
 
-def ordinary_channel_error(x: torch.Tensor, outliers, weight: torch.Tensor, alpha: float = 0.5) -> tuple[float, float]:
+def ordinary_channel_error(
+    x: torch.Tensor, outliers, weight: torch.Tensor, alpha: float = 0.5, act_absmax: torch.Tensor | None = None
+) -> tuple[float, float]:
     """Relative error of per-token int8 on the *ordinary* channels of ``x`` (all but ``outliers``), plain
     and after SmoothQuant's rescaling (quantize X/s, multiply back by s): how much the outliers' share
-    of one per-token scale costs everyone else."""
+    of one per-token scale costs everyone else. ``act_absmax``: the per-channel max |x| the scales are
+    calibrated on (another split's); by default ``x``'s own."""
     x = x.detach().float()
     keep = torch.ones(x.shape[1], dtype=torch.bool)
     keep[list(outliers)] = False
     if not keep.any():
         raise ValueError("outliers lists every channel: nothing ordinary is left to measure")
-    s = smooth_scales(x.abs().amax(dim=0), weight.detach().float(), alpha)
+    s = smooth_scales(x.abs().amax(dim=0) if act_absmax is None else act_absmax, weight.detach().float(), alpha)
     norm = x[:, keep].norm().clamp(min=1e-12)
     plain = (_int8_rows(x) - x)[:, keep].norm() / norm
     smoothed = (_int8_rows(x / s) * s - x)[:, keep].norm() / norm
