@@ -121,11 +121,13 @@ def _cases():
     yield (
         "07.2",
         lambda a: ch07.check_allreduce_us(a, nbytes=16e6, p=8, link="nvlink4"),
-        (2 * 7 * lk.alpha + 2 * 7 / 8 * 16e6 * lk.beta) * 1e6,
+        (lk.base + 2 * 7 * lk.alpha + 2 * 7 / 8 * 16e6 * lk.beta) * 1e6,
     )
     yield "08.1", lambda a: ch08.check_reusable_tokens(a, prefix_tokens=141, block_size=16), 141 // 16 * 16
     tp, fp, fn, tn = 7, 2, 3, 8
     yield "08.2", lambda a: ch08.check_rates(a, tp, fp, fn, tn), (fp / (fp + tn), fn / (fn + tp))
+    yield "08.4", lambda a: ch08.check_break_even(a, usd_per_hour=0.08, api_usd_per_request=5e-5), 0.08 * 730 / 5e-5
+    yield "08-2.1", lambda a: ch08.check_agent_tokens(a, first_prompt=140, per_step=60, calls=5), 1300
 
 
 CASES = list(_cases())
