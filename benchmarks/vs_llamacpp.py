@@ -176,6 +176,7 @@ def main(argv=None) -> int:
     from course_lib.measure.hardware import detect_device
 
     torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
     files = llama_files(Path(args.cache), args.formats)
     rows = []
     for fmt in args.formats:
@@ -202,6 +203,7 @@ def main(argv=None) -> int:
               f"{r['goal']:>4}× {verdict} {r['prefill_ratio']:>12.2f}×  {r['greedy_tokens_equal']}")  # fmt: skip
     if args.json:
         meta = dict(machine=detect_device().describe(), threads=args.threads, torch=torch.__version__,
+                    load_average_before=load_before, load_average_after=os.getloadavg()[0],
                     llama_cpp_python=llama_cpp.__version__, date=time.strftime("%Y-%m-%d"),
                     command="python benchmarks/vs_llamacpp.py " + " ".join(argv or sys.argv[1:]))  # fmt: skip
         Path(args.json).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
