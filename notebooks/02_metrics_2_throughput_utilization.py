@@ -779,15 +779,20 @@ mfus_differ, busy_cannot_tell = utilization_checks.busy_blind(busy.fraction, bus
 # *Claim* (Huyen, *AI Engineering*, ch. 9). MFU is typically higher in training than in inference. The
 # roofline says why. A training step pushes a whole batch of tokens (here 16 sequences of 2,048)
 # through every weight, three times (forward, and two backward products: 6 FLOPs per parameter per
-# token), and reads the weights, gradients and optimizer state a few times per step. A decode step
-# reads every weight for one token per sequence. The bound each one allows on an H100:
+# token), and reads the weights, gradients and optimizer state a few times per step. It also writes each
+# layer's activations in the forward pass and reads them back in the backward: about 34·D bytes per token
+# per layer in 16-bit without the attention matrix (Korthikanti et al., 2022), which at 32k tokens moves
+# more bytes than the weights and optimizer do. A decode step reads every weight for one token per
+# sequence. The bound each one allows on an H100, with and without the activation traffic:
 
 # %%
 # NBVAL_CHECK_OUTPUT
+train_w, _ = mfu_bound.training_vs_inference("llama-2-7b", "H100 SXM", seq_len=2048, seqs=16, activations=False)
 train_b, infer_b = mfu_bound.training_vs_inference("llama-2-7b", "H100 SXM", seq_len=2048, seqs=16, decode_batch=1)
+print(train_w)
 print(train_b)
 print(infer_b)
-print(f"training's intensity is {train_b.intensity / infer_b.intensity:,.0f}x decode's")
+print(f"training's intensity (activations counted) is {train_b.intensity / infer_b.intensity:,.0f}x decode's")
 
 # %% [markdown]
 # Training sits far right of the ridge, so its MFU is limited by how well the kernels use the tensor

@@ -16,6 +16,19 @@ from course_lib.measure.hardware.datasheet import as_spec
 from course_lib.models.accounting import ModelShape, as_shape, decode_cost, param_count, prefill_flops
 
 ADAM_STATE_BYTES = 24.0  # per parameter: fp32 master weight, Adam m and v, each read and written once a step
+# Activations a transformer layer stores per token for its backward pass, in 16-bit, in units of the hidden
+# size: 34·D without the T×T attention scores, which FlashAttention recomputes instead of storing
+# (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", 2022, eq. 1: 34·s·b·h).
+ACTIVATION_BYTES_PER_TOKEN_D = 34.0
+
+
+def activation_bytes(shape: ModelShape, seq_len: int, seqs: int) -> float:
+    """Bytes of activations a training step writes in the forward pass and reads back in the backward:
+    2 × 34·D per token per layer (no recomputation, no stored attention matrix)."""
+    for name, v in (("seq_len", seq_len), ("seqs", seqs)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    return 2 * ACTIVATION_BYTES_PER_TOKEN_D * shape.num_layers * shape.hidden_size * seq_len * seqs
 
 
 def training_step_bytes(shape: ModelShape, dtype: str = "bf16") -> float:
@@ -56,18 +69,21 @@ def training_vs_inference(
     decode_batch: int = 1,
     context_len: int = 512,
     dtype: str = "bf16",
+    activations: bool = True,
 ) -> tuple[MfuBound, MfuBound]:
     """Why training reaches a higher MFU than inference: the MFU ceiling of one training step over
     ``seqs`` × ``seq_len`` tokens (forward + backward = 3 × a prefill's FLOPs, i.e. 6·N per token plus
-    attention, over ``training_step_bytes``) and of one decode step at ``decode_batch``, on ``gpu``'s
-    datasheet roof in ``dtype``. A training step reuses each weight for every token of the batch; a
-    decode step for one token per sequence."""
+    attention, over ``training_step_bytes`` plus, with ``activations``, the activation traffic
+    ``activation_bytes``) and of one decode step at ``decode_batch``, on ``gpu``'s datasheet roof in
+    ``dtype``. A training step reuses each weight for every token of the batch; a decode step for one
+    token per sequence. ``activations=False`` gives the weights-and-optimizer-only bound."""
     shape, spec = as_shape(model), as_spec(gpu)
     ridge = spec.ridge(dtype)
+    moved = training_step_bytes(shape, dtype) + (activation_bytes(shape, seq_len, seqs) if activations else 0.0)
     train = MfuBound(
-        f"training step ({seqs} x {seq_len} tokens)",
+        f"training step ({seqs} x {seq_len} tokens{', activations counted' if activations else ', weights only'})",
         3 * prefill_flops(shape, seq_len, seqs),
-        training_step_bytes(shape, dtype),
+        moved,
         ridge,
     )
     decode = MfuBound(
