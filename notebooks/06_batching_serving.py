@@ -607,7 +607,7 @@ t = split.transfers[0]
 print(
     f"first request: {t.bytes:,} B in {t.seconds * 1e3:.1f} ms here (queueing included); predicted over NVLink 4 "
     f"{t.predicted_s('nvlink4') * 1e6:.1f} µs, over InfiniBand NDR {t.predicted_s('infiniband_ndr') * 1e6:.1f} µs "
-    "(each: the link's 5 µs message latency, data/interconnects.json, plus bytes ÷ bandwidth)"
+    "(each: the link's message latency, one NCCL call over one hop from data/interconnects.json, plus bytes ÷ bandwidth)"
 )
 big_kv = disagg.kv_transfer_bytes(32, 8, 128, 2, 2048)  # Llama-3-8B, bf16, a 2,048-token prompt
 print(

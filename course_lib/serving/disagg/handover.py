@@ -39,7 +39,9 @@ def link_gbps(link: str | float) -> float:
 
 
 def link_latency_s(link: str | float) -> float:
-    """The one-message latency of ``link`` in seconds, from ``data/interconnects.json`` (0 for a bare GB/s)."""
+    """The one-message latency of ``link`` in seconds, from ``data/interconnects.json`` (0 for a bare GB/s):
+    one NCCL call over one hop, its per-call base (``base_latency_us``) plus one step's latency
+    (``latency_us``), NCCL's own tuning constants (7.2 µs over NVLink, 9.3 µs over InfiniBand)."""
     import json
 
     from course_lib.core.paths import data_dir
@@ -49,7 +51,10 @@ def link_latency_s(link: str | float) -> float:
         return 0.0
     key = "ib_ndr" if link == "infiniband_ndr" else link
     table = {e["key"]: e for e in json.loads((data_dir() / "interconnects.json").read_text())["links"]}
-    return float(table[key]["latency_us"]) * 1e-6 if key in table else 0.0
+    if key not in table:
+        return 0.0
+    entry = table[key]
+    return (float(entry.get("base_latency_us", 0.0)) + float(entry["latency_us"])) * 1e-6
 
 
 def transfer_s(num_bytes: float, link: str | float = "nvlink4") -> float:
