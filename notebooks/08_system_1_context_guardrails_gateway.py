@@ -105,6 +105,7 @@ engine = Engine(
     kv_cache="paged",
     prefix_caching=True,
     linear=LINEAR,
+    pack_tied_head=False,  # the tied LM head reads the embedding itself: no second 113 MB copy
 )
 questions = rag.load_questions()
 n_questions = pick(6, len(questions))

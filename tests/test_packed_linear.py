@@ -69,3 +69,22 @@ def test_return_large_blocks_checks_its_threshold():
     with pytest.raises(ValueError, match="threshold must be a positive int"):
         return_large_blocks(0)
     assert return_large_blocks(1 << 20) in (True, False)
+
+
+def test_an_unpacked_tied_head_shares_the_embedding_and_decodes_the_same():
+    ref = Engine("tiny-target", linear="reference")
+    if not ref.hf_model.config.tie_word_embeddings:
+        pytest.skip("tiny-target's head is not tied")
+    shared = Engine("tiny-target", linear="packed", pack_tied_head=False)
+    assert not isinstance(shared.model.lm_head, PackedLinear)
+    assert shared.model.lm_head.weight.data_ptr() == shared.model.embed_weight.data_ptr()  # no second copy
+    params = SamplingParams(max_new_tokens=16)
+    prompts = ["def add(a, b):", "import os"]
+    assert [r.output_ids for r in shared.generate(prompts, params)] == [
+        r.output_ids for r in ref.generate(prompts, params)
+    ]
+
+
+def test_pack_tied_head_must_be_a_bool():
+    with pytest.raises(ValueError, match="pack_tied_head must be a bool"):
+        Engine("tiny-target", linear="packed", pack_tied_head="no")

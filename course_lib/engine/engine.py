@@ -70,6 +70,7 @@ class Engine:
         kv_cache: str = "contiguous",
         block_size: int = 16,
         prefix_caching: bool = False,
+        pack_tied_head: bool = True,
     ) -> None:
         """``linear``: "reference" (``F.linear`` everywhere), "skinny" (``layers.SkinnyLinear``: decode-shaped
         products routed to the fastest CPU kernel), "packed" (``layers.PackedLinear``: the same kernel for every
@@ -79,11 +80,15 @@ class Engine:
         ``kv_cache``: "contiguous" (one max-length slab per sequence) or "paged" (``PagedBackend``: blocks of
         ``block_size`` tokens from a shared pool, chapter 05); ignored when ``backend`` is given.
         ``prefix_caching``: reuse the cached KV blocks of a matching prompt prefix (chapter 06); needs
-        ``kv_cache="paged"``, or a ``backend`` built with ``PagedBackend(..., prefix_caching=True)``."""
+        ``kv_cache="paged"``, or a ``backend`` built with ``PagedBackend(..., prefix_caching=True)``.
+        ``pack_tied_head``: with ``linear="packed"``, whether a tied LM head gets its own packed copy (fastest)
+        or stays ``F.linear`` on the embedding it shares (one vocab × hidden copy less: 113 MB on SmolLM2)."""
         if linear not in LINEAR_CHOICES:
             raise ValueError(f"linear must be one of {LINEAR_CHOICES}, got {linear!r}")
         if kv_cache not in KV_CACHE_CHOICES:
             raise ValueError(f"kv_cache must be one of {KV_CACHE_CHOICES}, got {kv_cache!r}")
+        if not isinstance(pack_tied_head, bool):
+            raise ValueError(f"pack_tied_head must be a bool, got {pack_tied_head!r}")
         if not isinstance(prefix_caching, bool):
             raise ValueError(f"prefix_caching must be a bool, got {prefix_caching!r}")
         if prefix_caching and backend is None and kv_cache != "paged":
@@ -123,7 +128,9 @@ class Engine:
                 for name in LINEAR_NAMES:
                     setattr(m.layers[i], name, PackedLinear.from_linear(getattr(m.layers[i], name)))
                 _free_hf_linears(layer)
-            m.set_linear("lm_head", PackedLinear.from_linear(m.lm_head))
+            tied = m.lm_head.weight.data_ptr() == m.embed_weight.data_ptr()
+            if pack_tied_head or not tied:
+                m.set_linear("lm_head", PackedLinear.from_linear(m.lm_head))
         trim_heap()  # the fused copies' originals (and any plain weights) go back to the OS
         config = config or SchedulerConfig()
         if config.max_model_len is None:
