@@ -82,3 +82,28 @@ def test_tp2_vocab_parallel_equals_one_process_and_holds_half_the_vocabulary():
         assert not r["transformers_imported"]  # the ranks read safetensors and config.json only
     # counter-example for the saving check: the replicated ranks hold the whole table
     assert not all(r["weight_bytes"] == pytest.approx(layers / 2 + one_table, rel=0.01) for r in res.ranks)
+
+
+def test_recorded_layouts_and_the_saving_verdict(tmp_path):
+    import json
+
+    from course_lib.measure.claims import claim
+    from course_lib.parallel import tp_record
+
+    raw = json.loads(tp_record.record_path().read_text(encoding="utf-8"))
+    got = tp_record.load_layouts()
+    assert tp_record.MAIN in got and list(got) == [n for n in tp_record.LAYOUTS if n in got]
+    old = tmp_path / "old.json"  # a file from before the layouts: only the chapter's run
+    old.write_text(json.dumps({k: v for k, v in raw.items() if k != "layouts"}), encoding="utf-8")
+    assert list(tp_record.load_layouts(old)) == [tp_record.MAIN]
+    emb = 49152 * 576 * 4
+    # the notebook's verdict: a replicated run saves nothing, so it fails
+    assert claim("saves (p-1)/p of the table", 0 / (emb * 2 / 3), at_least=0.99, at_most=1.01).held is False
+    assert claim("saves (p-1)/p of the table", (emb * 2 / 3) / (emb * 2 / 3), at_least=0.99, at_most=1.01).held
+
+
+def test_sequence_parallel_with_vocab_parallel_is_refused_before_any_work():
+    from course_lib.parallel.tp_model import tp_engine
+
+    with pytest.raises(ValueError, match="sequence_parallel=True with vocab_parallel=True"):
+        tp_engine(0, 2, "tiny-target", sequence_parallel=True, vocab_parallel=True)

@@ -86,6 +86,7 @@ def equality_worker(
     reference: list[torch.Tensor] | None = None,
     tensor_parallel: bool = True,
     vocab_parallel: bool = False,
+    standalone: bool = True,
 ) -> dict:
     """One process of ``tp_equality``: the whole model (``tensor_parallel=False``, world_size 1) or one TP
     rank. Returns its logits (the reference run) or their distance to ``reference``, its greedy tokens,
@@ -101,7 +102,15 @@ def equality_worker(
         max_model_len=longest, max_num_seqs=len(prompts), max_num_batched_tokens=len(prompts) * longest
     )
     if tensor_parallel:
-        engine = tp_engine(rank, world_size, model, config=cfg, linear="reference", vocab_parallel=vocab_parallel)
+        engine = tp_engine(
+            rank,
+            world_size,
+            model,
+            config=cfg,
+            linear="reference",
+            vocab_parallel=vocab_parallel,
+            standalone=standalone,
+        )
     else:
         engine = Engine(model, config=cfg, linear="reference")
     load_s = time.perf_counter() - t0
@@ -219,13 +228,15 @@ def tp_equality(
     chat: bool = False,
     timeout_s: float = 300.0,
     vocab_parallel: bool = False,
+    standalone: bool = True,
 ) -> TPEquality:
     """Logits and greedy tokens of ``prompts`` from one process, then from a TP group of ``world_size``.
 
     ``chat``: wrap each prompt (a string) in the model's chat template as a user message. The split is
     checked (``tp_plan.check_tp_degree``) before any process starts; an installed model is converted first,
     here, so that the ranks only read it. ``vocab_parallel``: the ranks cut the embedding and the head by
-    vocabulary rows (``tp_vocab``)."""
+    vocabulary rows (``tp_vocab``); ``standalone=False`` makes them import ``transformers`` to load
+    (``tp_load.load_for_rank``), to measure what that costs."""
     from course_lib.parallel.launcher import launch
     from course_lib.parallel.tp_load import check_split, model_config
 
@@ -247,7 +258,7 @@ def tp_equality(
         warnings.filterwarnings("ignore", message=".*physical cores", category=RuntimeWarning)
         ranks = launch(
             equality_worker, world_size, model, ids, decode_steps, max_new_tokens, reference, True,
-            vocab_parallel, threads_per_worker=1, timeout_s=timeout_s,
+            vocab_parallel, standalone, threads_per_worker=1, timeout_s=timeout_s,
         )  # fmt: skip
     del reference
     launch_s = {"single": single_s, "tp": time.perf_counter() - t0}

@@ -194,10 +194,17 @@ def load_rank_model(
 
 
 def load_for_rank(
-    model: str | Path, rank: int, world_size: int, device="cpu", dtype: str = "fp32", vocab_parallel: bool = False
+    model: str | Path,
+    rank: int,
+    world_size: int,
+    device="cpu",
+    dtype: str = "fp32",
+    vocab_parallel: bool = False,
+    standalone: bool = True,
 ):
     """(hf_model, tokenizer, presliced): rank's slices only where the checkpoint allows it, else the whole model.
-    A safetensors folder on the CPU with the default rope is read without ``transformers`` (``tp_standalone``)."""
+    A safetensors folder on the CPU with the default rope is read without ``transformers`` (``tp_standalone``)
+    unless ``standalone=False`` (the ``transformers`` meta-model path, kept to measure what it costs)."""
     from course_lib.core.dtypes import torch_dtype
     from course_lib.models.load import load_model, parse_device
 
@@ -207,7 +214,7 @@ def load_for_rank(
     if folder is None:
         hf, tok = load_model(model, device=dev, dtype=dtype)
         return hf, tok, False
-    if dev.type == "cpu":
+    if dev.type == "cpu" and standalone:
         got = load_rank_standalone(folder, rank, world_size, torch_dtype(dtype), vocab_parallel)
         if got is not None:
             return got[0], got[1], True

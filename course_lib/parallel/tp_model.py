@@ -27,8 +27,8 @@ from course_lib.engine.model import LlamaEngineModel
 from course_lib.parallel.sequence_parallel import forward_sp
 from course_lib.parallel.tp_comm import Comm
 from course_lib.parallel.tp_layers import ColumnParallelLinear, RowParallelLinear
-from course_lib.parallel.tp_vocab import shard_vocab
 from course_lib.parallel.tp_plan import RankShard, check_tp_degree, kv_heads_per_rank, rank_shard
+from course_lib.parallel.tp_vocab import shard_vocab
 
 
 def _wrap_presliced(model: LlamaEngineModel, shard: RankShard, comm: Comm) -> None:
@@ -164,6 +164,7 @@ def tp_engine(
     group=None,
     reduce_scatter: str = "auto",
     vocab_parallel: bool = False,
+    standalone: bool = True,
 ):
     """An ``Engine`` whose model is rank's tensor-parallel shard and whose KV cache holds rank's KV heads.
 
@@ -172,7 +173,8 @@ def tp_engine(
     because every collective must be entered by all ranks, and greedy (or equally seeded) sampling of
     replicated logits makes the same decision everywhere. ``world_size == 1`` needs no process group.
     ``vocab_parallel``: each rank holds V/p rows of the embedding and the head (``tp_vocab``); the logits are
-    all-gathered, so every rank still samples from the same (B, V).
+    all-gathered, so every rank still samples from the same (B, V). ``standalone``: read a safetensors
+    checkpoint without importing ``transformers`` where it can (``tp_load.load_for_rank``).
     """
     from course_lib.engine.attention import ContiguousBackend
     from course_lib.engine.engine import Engine
@@ -182,6 +184,12 @@ def tp_engine(
     if config is not None and not isinstance(config, SchedulerConfig):
         raise ValueError(f"config must be a SchedulerConfig, got {type(config).__name__}")
     check_split(model_config(model), world_size)  # before any process group or weight: names the valid sizes
+    if sequence_parallel and vocab_parallel and world_size > 1:
+        raise ValueError(
+            "sequence_parallel=True with vocab_parallel=True is not supported: sequence parallelism embeds each "
+            "rank's own tokens, and the vocab-parallel lookup sums every rank's rows for the same tokens "
+            "(Megatron reduce-scatters it instead); pick one"
+        )
     comm = Comm(rank, world_size, group, reduce_scatter)  # checks rank
     if world_size > 1:
         import torch.distributed as dist
@@ -197,7 +205,7 @@ def tp_engine(
                 f"({dist.get_rank(group)}, {dist.get_world_size(group)})"
             )
     hf, tokenizer, presliced = load_for_rank(
-        model, rank, world_size, device=device, dtype=dtype, vocab_parallel=vocab_parallel
+        model, rank, world_size, device=device, dtype=dtype, vocab_parallel=vocab_parallel, standalone=standalone
     )
     cfg = hf.config
     heads = cfg.num_attention_heads

@@ -63,7 +63,7 @@ class RankTokenizer:
         self.eos_token_id = eos_token_id
 
     def __call__(self, text: str) -> dict:
-        return {"input_ids": self._tok.encode(text, add_special_tokens=False).ids}
+        return {"input_ids": self._tok.encode(text, add_special_tokens=True).ids}  # as transformers does
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
