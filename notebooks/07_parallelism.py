@@ -115,7 +115,6 @@ from course_lib.parallel import (
     pp_schedule,
     replica,
     ring_attention,
-    tp_equal,
     tp_measure,
     tp_model,
     tp_plan,
@@ -533,7 +532,9 @@ claim(
     float(smol.argmax_equal and smol.greedy_equal),
     at_least=1.0,
 )
-print(f"\n{'rank layout':<46}{'weights/rank MiB':>17}{'vocab rows':>11}{'transformers':>13}{'USS/rank MiB':>13}{'PSS sum MiB':>12}")
+print(
+    f"\n{'rank layout':<46}{'weights/rank MiB':>17}{'vocab rows':>11}{'transformers':>13}{'USS/rank MiB':>13}{'PSS sum MiB':>12}"
+)
 for name, r in layouts.items():
     r0 = r.ranks[0]
     print(

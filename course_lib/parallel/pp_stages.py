@@ -6,8 +6,10 @@ and runs the first layers, each next stage runs the next slice, the last one app
 activations (N, D) travel rank → rank + 1 with point-to-point ``isend``/``irecv``, and the last stage
 sends the sampled token ids back to stage 0 for the next decode step. Each stage keeps the KV cache of its
 own layers only (``StageBackend``). Per stage the work is the same kind as the whole model's (prefill
-compute-bound, decode bandwidth-bound on its own layers' weights), on 1/p of the layers. A stage posts the
-receives of a whole step up front, so a transfer lands while it computes. Each worker loads the whole
+compute-bound, decode bandwidth-bound on its own layers' weights), on 1/p of the layers. gloo moves a
+message only once its receive is posted (the receiver notifies the sender), so a stage posts the prefill's
+receives up front and each micro-batch's next-step receive as soon as it takes this step's: a transfer
+lands while the stage computes. ``Slot.wait`` records when the stage began waiting for a slot's input. Each worker loads the whole
 checkpoint (a tiny one here) but touches only its slice of layers, and records a ``Slot`` per micro-batch
 (wall clock and CPU time). Introduced in 07_parallelism.ipynb.
 """
