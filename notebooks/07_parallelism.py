@@ -788,7 +788,8 @@ claim(
 # of the KV cache, so a larger batch fits) and keeps the stages busy while that batch decodes. The same
 # launch ran `decode_tokens` steps for each m, timed on the stages; the rows drop the prefill, the first
 # step (the fill) and the last (the drain). Beside the idle share: the replay (the same run re-timed with
-# each slot's CPU time under decode's dependencies, a core per stage), the share of the span each stage sat
+# each slot's CPU time under decode's dependencies, a core per stage, hand-offs of the measured c; "c = 0"
+# with free ones), the share of the span each stage sat
 # blocked in a receive, the share in which both stages computed at once (near 1 when the pipeline is full),
 # and CPU/wall inside the slots (below 1: the OS ran another program on the core). Each rank runs one torch
 # thread (`launch` sets it), and every receive is posted a step ahead: gloo moves a message only once its

@@ -345,7 +345,7 @@ def test_decode_trace_tells_the_schedule_from_the_machine():
     # counter-example: stages that never overlap idle ~0.5 against ~0 predicted, and the trace names why
     ser = pp_decode.decode_row(_serialised_timeline(), batch=8)
     assert ser.idle == pytest.approx(0.5, abs=0.05) and ser.overlap == pytest.approx(0.0)
-    assert ser.cpu_share == pytest.approx(0.5) and ser.replay_idle < 0.1
+    assert ser.cpu_share == pytest.approx(0.5) and ser.replay_idle < 0.1 and ser.replay_free < 0.1
     assert not claim("idle ≤ predicted + 0.10", ser.idle - ser.predicted, at_most=0.10)
     assert pp_decode.idle_cause(ser).startswith("the machine")
     # the schedule's own miss: m = 1 idles 0.5 in the replay too
@@ -353,6 +353,8 @@ def test_decode_trace_tells_the_schedule_from_the_machine():
     # full CPU but long waits: the messages
     waits = dataclasses.replace(ser, cpu_share=1.0)
     assert pp_decode.idle_cause(waits).startswith("waiting on messages")
+    hops = dataclasses.replace(ser, cpu_share=1.0, replay_idle=ser.idle)  # only the hand-offs explain it
+    assert pp_decode.idle_cause(hops).startswith("the hand-offs")
     replay = pp_decode.replay_decode(_serialised_timeline())
     assert replay.stages == 2 and len(replay.slots) == len(_serialised_timeline().slots)
     with pytest.raises(ValueError, match="CPU times"):

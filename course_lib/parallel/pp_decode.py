@@ -49,6 +49,7 @@ class DecodeRow:
     overlap: float = 0.0  # share of the steady span in which every stage was computing at once
     cpu_share: float = 1.0  # CPU time / wall time inside the steady slots (< 1: the OS ran another program)
     replay_idle: float = float("nan")  # replay_decode's idle: the run with a core per stage, hops of t_comm
+    replay_free: float = float("nan")  # ... with free hops: the schedule and the measured CPU work alone
 
 
 def _steady(tl: Timeline) -> list:
@@ -115,18 +116,21 @@ def idle_cause(row: DecodeRow) -> str:
     """Why a steady-state row idled more than predicted, from its own numbers: the schedule (the replay with a
     core per stage idles as much), the machine (CPU/wall inside the slots well below 1: the stages' slots
     stretched while another program held the cores), or waiting on messages."""
-    if row.replay_idle >= row.idle - 0.05:
-        return (
-            f"the schedule itself: with a core per stage and the measured work it idles {row.replay_idle:.2f} "
-            "(unequal stages or hand-offs longer than the model's c)"
-        )
+    core = (
+        f"with a core per stage the measured work idles {row.replay_free:.2f} with free hand-offs and "
+        f"{row.replay_idle:.2f} with this run's {row.t_comm * 1e3:.2f} ms ones"
+    )
+    if row.replay_free >= row.idle - 0.05:
+        return f"the schedule itself: {core} (unequal stages, or too few micro-batches to cover a round trip)"
     if row.cpu_share < 0.8:
         return (
-            f"the machine, not the schedule: with a core per stage this run's work idles {row.replay_idle:.2f}, "
-            f"but inside the slots the stages got only {row.cpu_share:.2f} of a core each (CPU/wall), and both "
-            f"stages computed at once {row.overlap:.0%} of the time: the other programs on the cores, not the "
-            "pipeline, set the pace"
+            f"the machine, not the schedule: {core}, but inside the slots the stages got only {row.cpu_share:.2f} "
+            f"of a core each (CPU/wall), and both stages computed at once {row.overlap:.0%} of the time: the other "
+            "programs on the cores, not the pipeline, set the pace (a hand-off waits for the receiving process to "
+            "be scheduled, too)"
         )
+    if row.replay_idle >= row.idle - 0.05:
+        return f"the hand-offs: {core}; a round trip of p·(t + c) outlasts the m·t of work per round"
     return (
         f"waiting on messages: the stages sat {row.blocked:.0%} of the span blocked in a receive while the "
         f"replay with a core per stage idles {row.replay_idle:.2f}"
@@ -178,7 +182,9 @@ def decode_row(tl: Timeline, batch: int, replay: bool = True) -> DecodeRow:
     blocked = sum(s.start - s.wait for s in slots if s.wait is not None) / (p * span)
     measured = all(s.cpu is not None for s in tl.slots)
     cpu_share = sum(s.cpu for s in slots) / busy if measured else 1.0
-    replay_idle = decode_row(replay_decode(tl, t_comm), batch, False).idle if (replay and measured) else float("nan")
+    go = replay and measured
+    replay_idle = decode_row(replay_decode(tl, t_comm), batch, False).idle if go else float("nan")
+    replay_free = decode_row(replay_decode(tl, 0.0), batch, False).idle if go else float("nan")
     return DecodeRow(
         m,
         1 - busy / (p * span),
@@ -192,6 +198,7 @@ def decode_row(tl: Timeline, batch: int, replay: bool = True) -> DecodeRow:
         _overlap(slots, p, lo, hi),
         cpu_share,
         replay_idle,
+        replay_free,
     )
 
 
@@ -205,13 +212,13 @@ def decode_rows(runs: dict, batch: int) -> list[DecodeRow]:
 
 def format_decode_rows(rows) -> str:
     head = (
-        f"{'m':>3}{'idle':>7}{'predicted':>11}{'replay':>8}{'slot ms':>9}{'hop ms':>8}{'TPOT ms':>9}{'tok/s':>8}"
+        f"{'m':>3}{'idle':>7}{'predicted':>11}{'replay':>8}{'c = 0':>7}{'slot ms':>9}{'hop ms':>8}{'TPOT ms':>9}{'tok/s':>8}"
         f"{'blocked':>9}{'overlap':>9}{'CPU/wall':>10}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r.m:>3}{r.idle:>7.2f}{r.predicted:>11.2f}{r.replay_idle:>8.2f}{r.t_slot * 1e3:>9.2f}"
+            f"{r.m:>3}{r.idle:>7.2f}{r.predicted:>11.2f}{r.replay_idle:>8.2f}{r.replay_free:>7.2f}{r.t_slot * 1e3:>9.2f}"
             f"{r.t_comm * 1e3:>8.2f}{r.tpot * 1e3:>9.2f}{r.tokens_per_s:>8.0f}{r.blocked:>9.2f}{r.overlap:>9.2f}"
             f"{r.cpu_share:>10.2f}"
         )
