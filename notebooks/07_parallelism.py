@@ -115,7 +115,6 @@ from course_lib.parallel import (
     pp_schedule,
     replica,
     ring_attention,
-    tp_equal,
     tp_measure,
     tp_model,
     tp_plan,
@@ -138,8 +137,8 @@ ch = "07_parallelism"
 # GiB (2³⁰ bytes), and a GPU's "80 GB" of HBM is read as 80 GiB, as in chapter 01. Under tensor parallelism
 # the layers split over the ranks; the embedding and the LM head (a vocabulary × hidden matrix each, 1 GiB
 # apiece for Llama-3's 128k vocabulary in bf16) split too only if the engine cuts them by vocabulary rows,
-# as vLLM's `VocabParallelEmbedding` and `ParallelLMHead` do. This course's own TP code (section 4)
-# replicates them on every rank. *Predict:* how many H100s (80 GB) does Llama-3-70B need just to hold its
+# as vLLM's `VocabParallelEmbedding` and `ParallelLMHead` do. This course's TP code does either
+# (`tp_engine(..., vocab_parallel=True)`, `course_lib.parallel.tp_vocab`); section 4b measures both. *Predict:* how many H100s (80 GB) does Llama-3-70B need just to hold its
 # bf16 weights, keeping 10% free?
 
 # %%
@@ -361,8 +360,11 @@ tp_out = [r["tokens"] for r in tp_stats]
 print("TP=2 greedy tokens identical to one process, on both ranks:", tp_out[0] == single and tp_out[1] == single)
 mqa = Engine("tiny-target-mqa")
 mqa_single = [r.output_ids for r in mqa.generate(prompts, SamplingParams(max_new_tokens=8, ignore_eos=True))]
-mqa_out = tp_measure.tp_generate(prompts, world_size=2, max_new_tokens=8, model="tiny-target-mqa")
-print("MQA at TP=2 (its one KV head on both ranks), identical on both ranks:", mqa_out == [mqa_single] * 2)
+mqa_out = tp_measure.tp_generate(prompts, world_size=2, max_new_tokens=8, model="tiny-target-mqa", vocab_parallel=True)
+print(
+    "MQA at TP=2 (its one KV head on both ranks; embedding and head cut by vocabulary), identical on both ranks:",
+    mqa_out == [mqa_single] * 2,
+)
 for heads, kv_heads, ffn in ((8, 2, 640), (8, 1, 640), (9, 3, 1536)):
     print(f"{heads} query heads, {kv_heads} KV heads: TP degrees {tp_plan.valid_tp_degrees(heads, kv_heads, ffn)}")
 try:
@@ -475,17 +477,21 @@ print(f"tiny-target-mqa at TP=2, 1,024 tokens: {mqa_kv * 1024 / 2**20:.2f} MiB o
 #
 # SmolLM2-135M-Instruct has 9 query heads and 3 KV heads: TP = 2 is impossible (above), TP = 3 gives each
 # rank 3 query heads and the one KV head they share, with no replication. Three gloo processes on this
-# 2-core machine, one third of every layer each (its slices read from the checkpoint file, never the whole
-# model: `tp_load`), against one process holding the whole model. The question is equality, not speed:
-# the row-parallel sums are added in another order, so the logits may differ by fp32 rounding, and the
-# greedy tokens must be the same. The reference runs first in a process of its own, then the group: this
-# notebook never holds the model. Four processes that each import torch and transformers cost about 20 s
-# and 1.7 GB on this 2-core machine, more than quick mode can pay: quick mode shows a **recorded** run of
-# exactly this cell (the file names its machine, date and command, `python -m course_lib.parallel.tp_record`),
-# and full mode runs it live.
+# 2-core machine, one third of every layer each and, vocab-parallel, one third of the embedding (tied to
+# the LM head: one table), against one process holding the whole model. Each rank reads its slices from the
+# checkpoint file, never the whole model (`tp_load`), and without importing transformers (`tp_standalone`:
+# the engine needs only the weights, the config's numbers and RoPE's frequencies). The question is
+# equality, not speed: the row-parallel sums are added in another order, so the logits may differ by fp32
+# rounding, and the greedy tokens must be the same. The reference runs first in a process of its own, then
+# the group: this notebook never holds the model. Four processes cost tens of seconds and over a GB on this
+# 2-core machine, more than quick mode can pay: quick mode shows a **recorded** run of exactly this cell
+# (the file names its machine, date and command, `python -m course_lib.parallel.tp_record`), and full mode
+# runs it live. The record also holds the two layouts that came before, run one after another: ranks that
+# import transformers to load and replicate the vocabulary table, and ranks that load from safetensors
+# alone but still replicate it.
 #
-# *Predict:* each rank holds the embedding (tied to the LM head, replicated) and a third of the layers.
-# What share of the one-process weights is that?
+# *Predict:* each rank holds a third of the layers and a third of the vocabulary table; only the norms are
+# replicated. What share of the one-process weights is that?
 
 # %%
 my_rank_weight_share = None
@@ -495,21 +501,26 @@ my_rank_weight_share = None
 questions = tp_record.QUESTIONS
 if course_lib.mode() == "quick":
     smol, meta = tp_record.load_recorded()
+    layouts = tp_record.load_layouts()
     print(
         f"RECORDED run ({meta['date']}, {meta['machine']}, load average {meta['load_average_before']:.1f} before), "
         f"made by `{meta['command']}`:"
     )
 else:
-    smol = tp_equal.tp_equality(SMOL, 3, questions, chat=True, decode_steps=2, max_new_tokens=24)
+    layouts = tp_record.run_layouts(max_new_tokens=24)
+    smol = layouts[tp_record.MAIN]
 print(smol)
 for q, answer in zip(questions, smol.answers):
     print(f"  {q!r} → {answer!r}")
-emb = smol_shape.vocab_size * smol_shape.hidden_size * 4
+D, L = smol_shape.hidden_size, smol_shape.num_layers
+emb = smol_shape.vocab_size * D * 4  # the (V, D) fp32 table, tied: embedding and head
+norms = (2 * L + 1) * D * 4  # replicated on every rank
+whole = smol.single["weight_bytes"]
 compare_prediction(
     "one rank's weights ÷ one process's",
     my_rank_weight_share,
-    theory=(emb + (smol.single["weight_bytes"] - emb) / 3) / smol.single["weight_bytes"],
-    measured=smol.ranks[0]["weight_bytes"] / smol.single["weight_bytes"],
+    theory=((whole - norms) / 3 + norms) / whole,
+    measured=smol.ranks[0]["weight_bytes"] / whole,
 )
 claim(
     f"TP=3 logits equal one process's to fp32 rounding (max |Δ| ≤ 1e-3; largest |logit| {smol.max_abs_logit:.0f})",
@@ -521,6 +532,26 @@ claim(
     float(smol.argmax_equal and smol.greedy_equal),
     at_least=1.0,
 )
+print(
+    f"\n{'rank layout':<46}{'weights/rank MiB':>17}{'vocab rows':>11}{'transformers':>13}{'USS/rank MiB':>13}{'PSS sum MiB':>12}"
+)
+for name, r in layouts.items():
+    r0 = r.ranks[0]
+    print(
+        f"{name:<46}{r0['weight_bytes'] / 2**20:>17.0f}{r0.get('vocab_rows', smol_shape.vocab_size):>11}"
+        f"{'imported' if r0.get('transformers_imported', True) else 'not':>13}"
+        f"{max(x['memory']['uss'] for x in r.ranks) / 2**20:>13.0f}{r.memory_total('pss') / 2**20:>12.0f}"
+    )
+replicated = layouts.get("replicated vocab, safetensors only")
+if replicated is not None:
+    saved = replicated.ranks[0]["weight_bytes"] - smol.ranks[0]["weight_bytes"]
+    claim(
+        f"vocab-parallel saves each rank (p − 1)/p of the vocabulary table, {emb * 2 / 3 / 2**20:.1f} MiB, to 1%",
+        saved / (emb * 2 / 3),
+        at_least=0.99,
+        at_most=1.01,
+        why_not="the ranks did not hold the rows the layout says: was the run made with vocab_parallel=True?",
+    )
 rank = smol.ranks[0]
 claim(
     "the three ranks together occupy at most 1.5 GB (sum of PSS: shared library pages counted once)",
@@ -529,9 +560,16 @@ claim(
     why_not=f"each rank holds {rank['weight_bytes'] / 2**20:.0f} MiB of weights, but its process already held "
     f"{rank['rss_before_load'] / 2**20:.0f} MiB before loading anything (Python, torch, the launcher) and "
     f"{(rank['memory']['rss'] - rank['rss_before_load'] - rank['weight_bytes']) / 2**20:.0f} MiB more besides the "
-    "weights at the end (transformers' modules, the tokenizer, the reference logits it compares against, the KV "
-    "cache): on GPUs the weights dominate; three CPU processes mostly pay for their libraries three times",
+    "weights at the end (the tokenizer, the reference logits it compares against, the KV cache): on GPUs the "
+    "weights dominate; three CPU processes mostly pay for their libraries three times",
 )
+
+# %% [markdown]
+# Read the table from the top: importing transformers costs each rank its modules' memory, private to the
+# process, for a model the engine never runs; cutting the vocabulary table leaves each rank a third of it.
+# What is left per rank beyond the weights is Python and torch themselves, paid once per process: on GPUs
+# the weights dominate, and the saving per rank is the tables' (p − 1)/p (section 1 prints it for
+# Llama-3-70B at TP = 8).
 
 # %% [markdown]
 # On GPUs the same split is what makes a 70B model fast. The model below combines this chapter's α–β formula
@@ -749,15 +787,22 @@ claim(
 # a round: **pipeline parallelism does not lower TPOT**; it buys room (each GPU holds 1/p of the weights and
 # of the KV cache, so a larger batch fits) and keeps the stages busy while that batch decodes. The same
 # launch ran `decode_tokens` steps for each m, timed on the stages; the rows drop the prefill, the first
-# step (the fill) and the last (the drain):
+# step (the fill) and the last (the drain). Beside the idle share: the replay (the same run re-timed with
+# each slot's CPU time under decode's dependencies, a core per stage, hand-offs of the measured c; "c = 0"
+# with free ones), the share of the span each stage sat
+# blocked in a receive, the share in which both stages computed at once (near 1 when the pipeline is full),
+# and CPU/wall inside the slots (below 1: the OS ran another program on the core). Each rank runs one torch
+# thread (`launch` sets it), and every receive is posted a step ahead: gloo moves a message only once its
+# receive is posted, and posting each step's receives when the step began made every round wait for one
+# rendezvous on both ranks (an earlier version of this code did so).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 drows = pp_decode.decode_rows(runs, batch=len(bubble_prompts))
 print(pp_decode.format_decode_rows(drows))
-fig, ax = plots.plot_timeline(
-    runs[("decode", ms[-1])], title=f"decode, m={ms[-1]}: micro-batches in flight across steps"
-)
+print(f"load average while it ran (1 min): {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+dtl = runs[("decode", ms[-1])]
+fig, ax = plots.plot_decode_trace(dtl, steps=sorted({s.step for s in dtl.slots})[2:4])
 display(fig)
 d1, dm = drows[0], drows[-1]
 claim(
@@ -765,10 +810,7 @@ claim(
     f"hand-offs predict (1 − m·t / max(m·t, p·(t + c)) = {dm.predicted:.2f}) plus 0.10",
     dm.idle - dm.predicted,
     at_most=0.10,
-    why_not=f"the stages idled {dm.idle:.2f}: a round took {dm.tpot * 1e3:.2f} ms against m·t = "
-    f"{dm.m * dm.t_slot * 1e3:.2f} ms of work per stage and hand-offs of {dm.t_comm * 1e3:.2f} ms, so the stages "
-    "did not overlap across steps as fully as the schedule assumes (the timeline shows where they waited); "
-    "whether the machine's other work or the ordering of gloo's sends delayed them is not traced here",
+    why_not=pp_decode.idle_cause(dm),
 )
 claim(
     f"micro-batches in flight do not lower TPOT: a sequence waits at least as long per token at m = {dm.m} as at m = 1",

@@ -325,3 +325,37 @@ def test_pure_all_reduce_verdict_fails_when_waiting_is_billed_to_the_call():
     split = tp_measure._wait_split([r0, r1])
     assert claim("call alone within ±30% of the fit", abs(split["allreduce_pure_s"] / predicted - 1), at_most=0.30)
     assert not claim("rank 0's whole time within ±30%", abs(3 * predicted / predicted - 1), at_most=0.30)
+
+
+def _serialised_timeline(m: int = 4, t: float = 1.0, steps: int = 6, p: int = 2) -> Timeline:
+    """A run whose stages never overlap (one core for both, or a serialising wait): each slot starts when
+    the previous slot of any stage ended, though each stage only did its own CPU work ``t / 2`` of it."""
+    slots, now = [], 0.0
+    for k in range(1, steps + 1):
+        for j in range(m):
+            for s in range(p):
+                slots.append(Slot(s, j, now, now + t, k, t / 2, now))
+                now += t
+    return Timeline(p, m, slots)
+
+
+def test_decode_trace_tells_the_schedule_from_the_machine():
+    full = pp_decode.decode_row(_decode_timeline(4), batch=8)  # simulated: the cpu of each slot is its t
+    assert full.replay_idle == pytest.approx(full.idle, abs=1e-9) and full.overlap > 0.8
+    # counter-example: stages that never overlap idle ~0.5 against ~0 predicted, and the trace names why
+    ser = pp_decode.decode_row(_serialised_timeline(), batch=8)
+    assert ser.idle == pytest.approx(0.5, abs=0.05) and ser.overlap == pytest.approx(0.0)
+    assert ser.cpu_share == pytest.approx(0.5) and ser.replay_idle < 0.1 and ser.replay_free < 0.1
+    assert not claim("idle ≤ predicted + 0.10", ser.idle - ser.predicted, at_most=0.10)
+    assert pp_decode.idle_cause(ser).startswith("the machine")
+    # the schedule's own miss: m = 1 idles 0.5 in the replay too
+    assert pp_decode.idle_cause(pp_decode.decode_row(_decode_timeline(1), batch=8)).startswith("the schedule")
+    # full CPU but long waits: the messages
+    waits = dataclasses.replace(ser, cpu_share=1.0)
+    assert pp_decode.idle_cause(waits).startswith("waiting on messages")
+    hops = dataclasses.replace(ser, cpu_share=1.0, replay_idle=ser.idle)  # only the hand-offs explain it
+    assert pp_decode.idle_cause(hops).startswith("the hand-offs")
+    replay = pp_decode.replay_decode(_serialised_timeline())
+    assert replay.stages == 2 and len(replay.slots) == len(_serialised_timeline().slots)
+    with pytest.raises(ValueError, match="CPU times"):
+        pp_decode.replay_decode(Timeline(2, 1, [Slot(0, 0, 0.0, 1.0, 1)]))

@@ -4,13 +4,15 @@ Each draws on a Figure of its own (no pyplot state, so a cell re-run or a widget
 another cell's figure) and returns it: ``plot_alpha_beta`` (measured collectives and the fitted model,
 log-log, with datasheet links for scale), ``plot_plan`` (memory per GPU and time per token of each split
 of ``course_lib.parallel.planning``), ``plot_timeline`` (one row per pipeline stage, one bar per
-micro-batch: the GPipe schedule, simulated or measured). Introduced in 07_parallelism.ipynb.
+micro-batch: the GPipe schedule, simulated or measured), ``plot_decode_trace`` (per rank: compute, time
+blocked in a receive, and the messages of pipelined decode). Introduced in 07_parallelism.ipynb.
 """
 
 from __future__ import annotations
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from course_lib.measure.plots import DPI, FIGSIZE
 from course_lib.parallel.alpha_beta import AlphaBetaFit, fmt_bytes
@@ -143,4 +145,49 @@ def plot_timeline(timeline: Timeline, *, ax=None, title: str | None = None):
     return fig, ax
 
 
-__all__ = ["plot_alpha_beta", "plot_plan", "plot_timeline"]
+def plot_decode_trace(timeline: Timeline, steps=None, *, ax=None, title: str | None = None):
+    """Per-rank trace of pipelined decode: each stage's compute slots (coloured by micro-batch, labelled
+    micro·step), the time it sat blocked in a receive (grey, from ``Slot.wait`` to the slot's start), and
+    an arrow per message (activations to the next stage, tokens back to stage 0), for the decode ``steps``
+    given (default: the first three). Returns (fig, ax)."""
+    keep = set(steps) if steps is not None else set(sorted({s.step for s in timeline.slots if s.step > 0})[:3])
+    slots = [s for s in timeline.slots if s.step in keep]
+    if not slots:
+        raise ValueError(f"the timeline has no slots in decode steps {sorted(keep)}")
+    if ax is None:
+        ax = _figure().add_subplot()
+    fig = ax.figure
+    origin, p = min(s.wait if s.wait is not None else s.start for s in slots), timeline.stages
+    ms = 1e3
+    by = {(s.stage, s.step, s.micro): s for s in timeline.slots}
+    for s in slots:
+        x0, w = (s.start - origin) * ms, (s.end - s.start) * ms
+        ax.barh(s.stage, w, left=x0, height=0.6, color=f"C{s.micro % 10}", edgecolor="black", lw=0.5)
+        ax.text(x0 + w / 2, s.stage, f"{s.micro}·{s.step}", ha="center", va="center", fontsize=6)
+        if s.wait is not None and s.start > s.wait:
+            ax.barh(s.stage, (s.start - s.wait) * ms, left=(s.wait - origin) * ms, height=0.25, color="0.6")
+        src = by.get((s.stage - 1, s.step, s.micro)) if s.stage else by.get((p - 1, s.step - 1, s.micro))
+        if src is not None and src.step in keep:
+            ax.annotate(
+                "",
+                xy=((s.start - origin) * ms, s.stage),
+                xytext=((src.end - origin) * ms, src.stage),
+                arrowprops=dict(arrowstyle="->", lw=0.6, color="0.3"),
+            )
+    ax.legend(
+        handles=[Patch(color="0.6", label="blocked in a receive")],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=7,
+        frameon=False,
+    )
+    ax.set_yticks(range(p), [f"rank {s}" for s in range(p)])
+    ax.set_ylim(p - 0.5, -0.5)
+    ax.set_xlabel("ms")
+    ax.set_title(title or f"decode steps {sorted(keep)}: compute, waits and messages per rank", fontsize=9)
+    ax.grid(True, axis="x", alpha=0.25)
+    fig.tight_layout()
+    return fig, ax
+
+
+__all__ = ["plot_alpha_beta", "plot_decode_trace", "plot_plan", "plot_timeline"]

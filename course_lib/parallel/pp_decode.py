@@ -9,8 +9,13 @@ on 2 stages 0.5 by construction (one stage works while the other waits), and fro
 Each sequence still gets one token per round, so pipelining never lowers the time per output token (TPOT)
 below one pass through every stage. ``decode_rows`` reads the decode steps of ``measure_bubble``'s
 ("decode", m) timelines — dropping the prefill, the first decode step (the fill) and the last (the drain)
-— into measured idle share, the prediction from the measured t and c, TPOT and tokens per second.
-Introduced in 07_parallelism.ipynb.
+— into measured idle share, the prediction from the measured t and c, TPOT and tokens per second, and
+traces where the idle time went: how long each stage sat blocked on a receive, what share of the span both
+stages computed at once (``overlap``: near 1 when the pipeline is full), the CPU share inside the slots,
+and ``replay_decode``, the same run re-timed with each slot's CPU time under decode's dependencies (stage
+s + 1 takes micro-batch j after stage s, stage 0 takes j's next step after its token is back from the
+last stage), as it would go with a core per stage. ``idle_cause`` names the cause of a miss from these
+numbers. Introduced in 07_parallelism.ipynb.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from course_lib.parallel.pp_schedule import Timeline
+from course_lib.parallel.pp_schedule import Slot, Timeline
 
 
 def steady_idle(p: int, m: int, t_slot: float, t_comm: float) -> float:
@@ -40,6 +45,11 @@ class DecodeRow:
     tpot: float  # median seconds between a sequence's successive tokens (last stage, same micro-batch)
     tokens_per_s: float  # tokens the batch gained per second over the steady-state steps
     steps: int  # steady-state steps the row is measured on
+    blocked: float = 0.0  # share of the stages' span spent blocked in a receive's wait (Slot.wait → start)
+    overlap: float = 0.0  # share of the steady span in which every stage was computing at once
+    cpu_share: float = 1.0  # CPU time / wall time inside the steady slots (< 1: the OS ran another program)
+    replay_idle: float = float("nan")  # replay_decode's idle: the run with a core per stage, hops of t_comm
+    replay_free: float = float("nan")  # ... with free hops: the schedule and the measured CPU work alone
 
 
 def _steady(tl: Timeline) -> list:
@@ -52,7 +62,82 @@ def _steady(tl: Timeline) -> list:
     return [s for s in tl.slots if s.step in keep]
 
 
-def decode_row(tl: Timeline, batch: int) -> DecodeRow:
+def replay_decode(tl: Timeline, t_comm: float = 0.0) -> Timeline:
+    """``tl`` re-timed with each slot's CPU time under decode's dependencies, each hand-off ``t_comm``: every
+    stage keeps its measured order of work, starts a slot when it is free and the slot's input has arrived
+    (stage s − 1's slot of the same step and micro-batch; on stage 0, the last stage's slot of the previous
+    step). A core per stage and nothing else running: the pipeline as the schedule alone allows it."""
+    if any(s.cpu is None for s in tl.slots):
+        raise ValueError("replay_decode needs measured slots (with CPU times)")
+    p = tl.stages
+    order = {st: sorted((s for s in tl.slots if s.stage == st), key=lambda s: s.start) for st in range(p)}
+    end, free, out = {}, [0.0] * p, []
+    pos = [0] * p
+    keys = {(s.stage, s.step, s.micro) for s in tl.slots}
+    while any(pos[st] < len(order[st]) for st in range(p)):
+        moved = False
+        for st in range(p):
+            while pos[st] < len(order[st]):
+                s = order[st][pos[st]]
+                if st:
+                    dep = (st - 1, s.step, s.micro)
+                elif s.step and p > 1:
+                    dep = (p - 1, s.step - 1, s.micro)
+                else:
+                    dep = None
+                if dep not in keys:
+                    dep = None  # its input came from before the timeline (a decode-only run's first step)
+                if dep is not None and dep not in end:
+                    break  # its input is not computed yet: let the other stages advance
+                start = max(free[st], end[dep] + t_comm if dep is not None else 0.0)
+                end[(st, s.step, s.micro)] = free[st] = start + max(s.cpu, 1e-9)
+                out.append(Slot(st, s.micro, start, free[st], s.step, s.cpu, start))
+                pos[st] += 1
+                moved = True
+        if not moved:
+            raise ValueError("the timeline's slots depend on each other in a cycle: not a pipelined run")
+    return Timeline(p, tl.micro_batches, sorted(out, key=lambda s: s.start))
+
+
+def _overlap(slots, p: int, lo: float, hi: float) -> float:
+    """Share of [lo, hi] in which all p stages were inside a slot at once (sweep over the slot edges)."""
+    events = sorted([(s.start, s.stage, 1) for s in slots] + [(s.end, s.stage, -1) for s in slots])
+    inside, both, last = [0] * p, 0.0, lo
+    for t, st, d in events:
+        t = min(max(t, lo), hi)
+        if all(inside):
+            both += t - last
+        last = t
+        inside[st] += d
+    return both / (hi - lo) if hi > lo else 0.0
+
+
+def idle_cause(row: DecodeRow) -> str:
+    """Why a steady-state row idled more than predicted, from its own numbers: the schedule (the replay with a
+    core per stage idles as much), the machine (CPU/wall inside the slots well below 1: the stages' slots
+    stretched while another program held the cores), or waiting on messages."""
+    core = (
+        f"with a core per stage the measured work idles {row.replay_free:.2f} with free hand-offs and "
+        f"{row.replay_idle:.2f} with this run's {row.t_comm * 1e3:.2f} ms ones"
+    )
+    if row.replay_free >= row.idle - 0.05:
+        return f"the schedule itself: {core} (unequal stages, or too few micro-batches to cover a round trip)"
+    if row.cpu_share < 0.8:
+        return (
+            f"the machine, not the schedule: {core}, but inside the slots the stages got only {row.cpu_share:.2f} "
+            f"of a core each (CPU/wall), and both stages computed at once {row.overlap:.0%} of the time: the other "
+            "programs on the cores, not the pipeline, set the pace (a hand-off waits for the receiving process to "
+            "be scheduled, too)"
+        )
+    if row.replay_idle >= row.idle - 0.05:
+        return f"the hand-offs: {core}; a round trip of p·(t + c) outlasts the m·t of work per round"
+    return (
+        f"waiting on messages: the stages sat {row.blocked:.0%} of the span blocked in a receive while the "
+        f"replay with a core per stage idles {row.replay_idle:.2f}"
+    )
+
+
+def decode_row(tl: Timeline, batch: int, replay: bool = True) -> DecodeRow:
     """The steady state of one ("decode", m) timeline of ``measure_bubble`` serving ``batch`` sequences."""
     slots = _steady(tl)
     p, m = tl.stages, tl.micro_batches
@@ -93,6 +178,13 @@ def decode_row(tl: Timeline, batch: int) -> DecodeRow:
             ends.setdefault(s.micro, []).append((s.step, s.end))
     gaps = [b - a for v in ends.values() for (_, a), (_, b) in zip(sorted(v), sorted(v)[1:])]
     steps = len({s.step for s in slots})
+    lo, hi = min(s.start for s in slots), max(s.end for s in slots)
+    blocked = sum(s.start - s.wait for s in slots if s.wait is not None) / (p * span)
+    measured = all(s.cpu is not None for s in tl.slots)
+    cpu_share = sum(s.cpu for s in slots) / busy if measured else 1.0
+    go = replay and measured
+    replay_idle = decode_row(replay_decode(tl, t_comm), batch, False).idle if go else float("nan")
+    replay_free = decode_row(replay_decode(tl, 0.0), batch, False).idle if go else float("nan")
     return DecodeRow(
         m,
         1 - busy / (p * span),
@@ -102,6 +194,11 @@ def decode_row(tl: Timeline, batch: int) -> DecodeRow:
         statistics.median(gaps),
         batch * steps / span,
         steps,
+        blocked,
+        _overlap(slots, p, lo, hi),
+        cpu_share,
+        replay_idle,
+        replay_free,
     )
 
 
@@ -114,14 +211,26 @@ def decode_rows(runs: dict, batch: int) -> list[DecodeRow]:
 
 
 def format_decode_rows(rows) -> str:
-    head = f"{'m':>3}{'idle':>7}{'predicted':>11}{'slot ms':>9}{'hop ms':>8}{'TPOT ms':>9}{'tok/s':>8}{'steps':>7}"
+    head = (
+        f"{'m':>3}{'idle':>7}{'predicted':>11}{'replay':>8}{'c = 0':>7}{'slot ms':>9}{'hop ms':>8}{'TPOT ms':>9}{'tok/s':>8}"
+        f"{'blocked':>9}{'overlap':>9}{'CPU/wall':>10}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r.m:>3}{r.idle:>7.2f}{r.predicted:>11.2f}{r.t_slot * 1e3:>9.2f}{r.t_comm * 1e3:>8.2f}"
-            f"{r.tpot * 1e3:>9.2f}{r.tokens_per_s:>8.0f}{r.steps:>7}"
+            f"{r.m:>3}{r.idle:>7.2f}{r.predicted:>11.2f}{r.replay_idle:>8.2f}{r.replay_free:>7.2f}{r.t_slot * 1e3:>9.2f}"
+            f"{r.t_comm * 1e3:>8.2f}{r.tpot * 1e3:>9.2f}{r.tokens_per_s:>8.0f}{r.blocked:>9.2f}{r.overlap:>9.2f}"
+            f"{r.cpu_share:>10.2f}"
         )
     return "\n".join(lines)
 
 
-__all__ = ["DecodeRow", "decode_row", "decode_rows", "format_decode_rows", "steady_idle"]
+__all__ = [
+    "DecodeRow",
+    "decode_row",
+    "decode_rows",
+    "format_decode_rows",
+    "idle_cause",
+    "replay_decode",
+    "steady_idle",
+]

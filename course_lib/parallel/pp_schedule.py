@@ -65,6 +65,8 @@ class Slot:
     step: int = 0
     cpu: float | None = None  # CPU seconds of the stage's main thread in the slot (measured runs, one torch
     # thread per stage, the default): less than end − start means the OS gave the core to someone else
+    wait: float | None = None  # measured runs: when the stage began waiting for this slot's input (its
+    # receive); ``start`` − ``wait`` is the time it sat blocked on the message
 
 
 @dataclass

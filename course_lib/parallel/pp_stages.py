@@ -6,8 +6,10 @@ and runs the first layers, each next stage runs the next slice, the last one app
 activations (N, D) travel rank → rank + 1 with point-to-point ``isend``/``irecv``, and the last stage
 sends the sampled token ids back to stage 0 for the next decode step. Each stage keeps the KV cache of its
 own layers only (``StageBackend``). Per stage the work is the same kind as the whole model's (prefill
-compute-bound, decode bandwidth-bound on its own layers' weights), on 1/p of the layers. A stage posts the
-receives of a whole step up front, so a transfer lands while it computes. Each worker loads the whole
+compute-bound, decode bandwidth-bound on its own layers' weights), on 1/p of the layers. gloo moves a
+message only once its receive is posted (the receiver notifies the sender), so a stage posts the prefill's
+receives up front and each micro-batch's next-step receive as soon as it takes this step's: a transfer
+lands while the stage computes. ``Slot.wait`` records when the stage began waiting for a slot's input. Each worker loads the whole
 checkpoint (a tiny one here) but touches only its slice of layers, and records a ``Slot`` per micro-batch
 (wall clock and CPU time). Introduced in 07_parallelism.ipynb.
 """
@@ -118,38 +120,50 @@ def _run_stage(model, rank: int, p: int, prompts, micro, max_new_tokens: int, wa
     dist.broadcast(t0_tensor, src=0)
     t0 = t0_tensor.item()
     m = len(micro)
+    inbox = {}  # (step, micro) -> (work, buffer): receives posted ahead of need
+
+    def post(step: int, j: int) -> None:
+        """Post the receive of micro-batch j's input for ``step`` (tag: step and micro-batch)."""
+        idx = micro[j]
+        if not is_first:
+            n = sum(len(prompts[i]) for i in idx) if step == 0 else len(idx)
+            buf = torch.empty(n, D, dtype=model.dtype, device=dev)  # (N, D) from the previous stage
+            inbox[(step, j)] = (dist.irecv(buf, src=rank - 1, tag=step * m + j), buf)
+        elif step > 0 and p > 1:
+            buf = torch.empty(len(idx), dtype=torch.long, device=dev)  # (b,) last step's tokens
+            inbox[(step, j)] = (dist.irecv(buf, src=p - 1, tag=step * m + j), buf)
+
+    # gloo moves a message only once its receive is posted (the receiver tells the sender it is ready), so a
+    # receive posted when it is needed costs a round trip between the processes on top of the transfer. Post
+    # the prefill's receives up front, and micro-batch j's next-step receive as soon as this step's is taken:
+    # every message then lands while the stage computes. (Posting each step's receives only when the step
+    # begins made every round wait for the first micro-batch's rendezvous, on both stages.)
+    for j in range(m):
+        post(0, j)
     with torch.inference_mode():
         for step in range(max_new_tokens):
-            # post every receive of the step up front (tag: step and micro-batch): a message then lands while
-            # this stage computes, instead of waiting for a rendezvous with the sender when recv is called
-            inbox = {}
-            for j, idx in enumerate(micro):
-                if not is_first:
-                    n = sum(len(prompts[i]) for i in idx) if step == 0 else len(idx)
-                    buf = torch.empty(n, D, dtype=model.dtype, device=dev)  # (N, D) from the previous stage
-                    inbox[j] = (dist.irecv(buf, src=rank - 1, tag=step * m + j), buf)
-                elif step > 0 and p > 1:
-                    buf = torch.empty(len(idx), dtype=torch.long, device=dev)  # (b,) last step's tokens
-                    inbox[j] = (dist.irecv(buf, src=p - 1, tag=step * m + j), buf)
             for j, idx in enumerate(micro):
                 if step == 0:
                     lens, starts = [len(prompts[i]) for i in idx], [0] * len(idx)
                 else:
                     lens, starts = [1] * len(idx), [len(prompts[i]) + step - 1 for i in idx]
+                t_wait = time.perf_counter()
                 if is_first:
                     if step == 0:
                         ids = torch.tensor([t for i in idx for t in prompts[i]], device=dev)  # (N,)
                     elif p == 1:
                         ids = local_ids[j]
                     else:
-                        work, ids = inbox.pop(j)
+                        work, ids = inbox.pop((step, j))
                         work.wait()
                     t_start, c_start = time.perf_counter(), time.thread_time()
                     x = model.embed(ids)  # (N, D)
                 else:
-                    work, x = inbox.pop(j)
+                    work, x = inbox.pop((step, j))
                     work.wait()  # (N, D) activations of the previous stage
                     t_start, c_start = time.perf_counter(), time.thread_time()
+                if step + 1 < max_new_tokens:
+                    post(step + 1, j)
                 positions = torch.tensor([s + k for s, n in zip(starts, lens) for k in range(n)], device=dev)  # (N,)
                 hs = [handles[i] for i in idx]
                 for h, n in zip(hs, lens):
@@ -174,7 +188,7 @@ def _run_stage(model, rank: int, p: int, prompts, micro, max_new_tokens: int, wa
                     t_end, c_end = time.perf_counter(), time.thread_time()
                     x = x.contiguous()
                     pending.append((dist.isend(x, dst=rank + 1, tag=step * m + j), x))
-                slots.append(Slot(rank, j, t_start - t0, t_end - t0, step, c_end - c_start))
+                slots.append(Slot(rank, j, t_start - t0, t_end - t0, step, c_end - c_start, t_wait - t0))
                 pending = [(w, t) for w, t in pending if not w.is_completed()]  # drop the buffers already sent
     for work, _ in pending:
         work.wait()

@@ -14,6 +14,7 @@ Introduced in 07_parallelism.ipynb.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -84,6 +85,8 @@ def equality_worker(
     max_new_tokens: int,
     reference: list[torch.Tensor] | None = None,
     tensor_parallel: bool = True,
+    vocab_parallel: bool = False,
+    standalone: bool = True,
 ) -> dict:
     """One process of ``tp_equality``: the whole model (``tensor_parallel=False``, world_size 1) or one TP
     rank. Returns its logits (the reference run) or their distance to ``reference``, its greedy tokens,
@@ -99,7 +102,15 @@ def equality_worker(
         max_model_len=longest, max_num_seqs=len(prompts), max_num_batched_tokens=len(prompts) * longest
     )
     if tensor_parallel:
-        engine = tp_engine(rank, world_size, model, config=cfg, linear="reference")
+        engine = tp_engine(
+            rank,
+            world_size,
+            model,
+            config=cfg,
+            linear="reference",
+            vocab_parallel=vocab_parallel,
+            standalone=standalone,
+        )
     else:
         engine = Engine(model, config=cfg, linear="reference")
     load_s = time.perf_counter() - t0
@@ -118,6 +129,8 @@ def equality_worker(
         "weight_bytes": _weight_bytes(engine.model),
         "kv_heads": engine.backend.num_kv_heads,
         "heads": engine.model.num_heads,
+        "vocab_rows": engine.model.embed_weight.shape[0],  # the embedding rows this process holds
+        "transformers_imported": "transformers" in sys.modules,
     }
     if reference is None:
         out["logits"] = logits
@@ -214,12 +227,16 @@ def tp_equality(
     max_new_tokens: int = 8,
     chat: bool = False,
     timeout_s: float = 300.0,
+    vocab_parallel: bool = False,
+    standalone: bool = True,
 ) -> TPEquality:
     """Logits and greedy tokens of ``prompts`` from one process, then from a TP group of ``world_size``.
 
     ``chat``: wrap each prompt (a string) in the model's chat template as a user message. The split is
     checked (``tp_plan.check_tp_degree``) before any process starts; an installed model is converted first,
-    here, so that the ranks only read it."""
+    here, so that the ranks only read it. ``vocab_parallel``: the ranks cut the embedding and the head by
+    vocabulary rows (``tp_vocab``); ``standalone=False`` makes them import ``transformers`` to load
+    (``tp_load.load_for_rank``), to measure what that costs."""
     from course_lib.parallel.launcher import launch
     from course_lib.parallel.tp_load import check_split, model_config
 
@@ -241,7 +258,7 @@ def tp_equality(
         warnings.filterwarnings("ignore", message=".*physical cores", category=RuntimeWarning)
         ranks = launch(
             equality_worker, world_size, model, ids, decode_steps, max_new_tokens, reference, True,
-            threads_per_worker=1, timeout_s=timeout_s,
+            vocab_parallel, standalone, threads_per_worker=1, timeout_s=timeout_s,
         )  # fmt: skip
     del reference
     launch_s = {"single": single_s, "tp": time.perf_counter() - t0}

@@ -44,11 +44,16 @@ def checkpoint_folder(model: str | Path) -> Path | None:
 
 
 def model_config(model: str | Path):
-    """The ``transformers`` config of ``model``, read without any weight."""
-    from transformers import AutoConfig
+    """The config of ``model``, read without any weight: config.json as attributes for a folder (no
+    ``transformers`` import: ``tp_standalone.read_config``), ``transformers``' AutoConfig for a hub id."""
+    from course_lib.parallel.tp_standalone import read_config
 
     folder = checkpoint_folder(model)
-    return AutoConfig.from_pretrained(str(folder) if folder is not None else str(model))
+    if folder is not None:
+        return read_config(folder)
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(model))
 
 
 def check_split(config, world_size: int) -> None:
@@ -64,10 +69,13 @@ def _shard_of(config, rank: int, world_size: int) -> RankShard:
     return rank_shard(heads, kv_heads, config.intermediate_size, rank, world_size)
 
 
-def _read(handle, key: str, shard: RankShard, head_dim: int) -> torch.Tensor:
-    """Tensor ``key`` of the file, cut to what ``shard`` keeps (rows: a view of the mapped file; columns: a copy)."""
+def _read(handle, key: str, shard: RankShard, head_dim: int, vocab=None) -> torch.Tensor:
+    """Tensor ``key`` of the file, cut to what ``shard`` keeps (rows: a view of the mapped file; columns: a copy);
+    ``vocab`` (start, stop): the embedding's and the head's vocabulary rows (vocab-parallel), else whole."""
     part = handle.get_slice(key)
     *_, module, kind = key.split(".")  # ..., "q_proj", "weight"
+    if vocab is not None and module in ("embed_tokens", "lm_head"):
+        return part[vocab[0] : vocab[1]]  # (V/p, D): this rank's ids
     ranges = {
         "q": (shard.q_heads.start * head_dim, shard.q_heads.stop * head_dim),
         "kv": (shard.kv_heads.start * head_dim, shard.kv_heads.stop * head_dim),
@@ -87,13 +95,28 @@ def _set(model, name: str, tensor: torch.Tensor) -> None:
     setattr(model.get_submodule(module_name), attr, torch.nn.Parameter(tensor, requires_grad=False))
 
 
-def load_rank_model(folder: str | Path, rank: int, world_size: int, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer): a ``transformers`` model whose decoder projections hold only rank's slices.
-
-    Its config is the whole model's; its q/k/v, o, gate/up and down weights are rank's rows or columns,
-    so only ``tp_model.shard_model(..., presliced=True)`` should use it (its own forward would fail)."""
+def read_slices(file: Path, names, shard: RankShard, head_dim: int, dtype: torch.dtype, vocab=None) -> dict:
+    """{name: rank's slice of it, in ``dtype``, in its own memory}, the file opened one layer at a time, so
+    its memory-mapped pages never add up to the whole file in this process."""
     from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    groups: dict[str, list[str]] = {}
+    for n in names:  # one group per decoder layer, one for the rest
+        parts = n.split(".")
+        groups.setdefault(".".join(parts[:3]) if parts[1] == "layers" else "", []).append(n)
+    out = {}
+    with torch.no_grad():
+        for group in groups.values():
+            with safe_open(str(file), framework="pt") as handle:  # opened per layer: its mapping ends here
+                for n in group:
+                    # own memory (clone): a view would keep the file mapped, its pages counted in this process
+                    out[n] = _read(handle, n, shard, head_dim, vocab).to(dtype).contiguous().clone()
+    return out
+
+
+def _checked(folder, rank: int, world_size: int, dtype, vocab_parallel: bool):
+    from course_lib.parallel.tp_standalone import read_config
+    from course_lib.parallel.tp_vocab import vocab_range
 
     folder = Path(folder)
     file = folder / "model.safetensors"
@@ -101,9 +124,52 @@ def load_rank_model(folder: str | Path, rank: int, world_size: int, dtype: torch
         raise FileNotFoundError(f"{folder} has no model.safetensors to read rank slices from")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
-    config = AutoConfig.from_pretrained(str(folder))
+    config = read_config(folder)
     shard = _shard_of(config, rank, world_size)  # checks the split and the rank before any weight is read
+    vocab = vocab_range(config.vocab_size, rank, world_size) if vocab_parallel else None
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return folder, file, shard, vocab, head_dim
+
+
+def load_rank_standalone(
+    folder: str | Path, rank: int, world_size: int, dtype: torch.dtype = torch.float32, vocab_parallel: bool = False
+):
+    """(model-like object, tokenizer) with rank's slices, without importing ``transformers``
+    (``tp_standalone``), or None where the rope type needs ``transformers`` (use ``load_rank_model``)."""
+    from course_lib.parallel.tp_standalone import load_standalone
+
+    folder, file, shard, vocab, head_dim = _checked(folder, rank, world_size, dtype, vocab_parallel)
+
+    def read(names):
+        from safetensors import safe_open
+
+        with safe_open(str(file), framework="pt") as handle:
+            keys = set(handle.keys())
+        names = [*names, *(["lm_head.weight"] if "lm_head.weight" in keys else [])]
+        missing = [n for n in names if n not in keys]
+        if missing:
+            raise KeyError(f"{file} lacks {missing[:3]}{' …' if len(missing) > 3 else ''}")
+        return read_slices(file, names, shard, head_dim, dtype, vocab)
+
+    got = load_standalone(folder, read)
+    if got is not None:
+        got[0].tp_slice = (rank, world_size)
+    return got
+
+
+def load_rank_model(
+    folder: str | Path, rank: int, world_size: int, dtype: torch.dtype = torch.float32, vocab_parallel: bool = False
+):
+    """(model, tokenizer): a ``transformers`` model whose decoder projections hold only rank's slices.
+
+    Its config is the whole model's; its q/k/v, o, gate/up and down weights are rank's rows or columns
+    (and with ``vocab_parallel`` its embedding and head rank's vocabulary rows), so only
+    ``tp_model.shard_model(..., presliced=True)`` should use it (its own forward would fail)."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder, file, shard, vocab, head_dim = _checked(folder, rank, world_size, dtype, vocab_parallel)
+    config = AutoConfig.from_pretrained(str(folder))
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)  # shapes only: no weight memory
@@ -115,16 +181,9 @@ def load_rank_model(folder: str | Path, rank: int, world_size: int, dtype: torch
     missing = [n for n in names if n not in keys]
     if missing:
         raise KeyError(f"{file} lacks {missing[:3]}{' …' if len(missing) > 3 else ''}")
-    groups: dict[str, list[str]] = {}
-    for n in names:  # one group per decoder layer, one for the rest
-        parts = n.split(".")
-        groups.setdefault(".".join(parts[:3]) if parts[1] == "layers" else "", []).append(n)
     with torch.no_grad():
-        for group in groups.values():
-            with safe_open(str(file), framework="pt") as handle:  # opened per layer: its mapping ends here
-                for n in group:
-                    # own memory (clone): a view would keep the file mapped, its pages counted in this process
-                    _set(model, n, _read(handle, n, shard, head_dim).to(dtype).contiguous().clone())
+        for n, t in read_slices(file, names, shard, head_dim, dtype, vocab).items():
+            _set(model, n, t)
         if tied:
             model.lm_head.weight = model.model.embed_tokens.weight
     left = [n for n, p in model.named_parameters() if p.is_meta]
@@ -134,8 +193,18 @@ def load_rank_model(folder: str | Path, rank: int, world_size: int, dtype: torch
     return model.eval(), tokenizer
 
 
-def load_for_rank(model: str | Path, rank: int, world_size: int, device="cpu", dtype: str = "fp32"):
-    """(hf_model, tokenizer, presliced): rank's slices only where the checkpoint allows it, else the whole model."""
+def load_for_rank(
+    model: str | Path,
+    rank: int,
+    world_size: int,
+    device="cpu",
+    dtype: str = "fp32",
+    vocab_parallel: bool = False,
+    standalone: bool = True,
+):
+    """(hf_model, tokenizer, presliced): rank's slices only where the checkpoint allows it, else the whole model.
+    A safetensors folder on the CPU with the default rope is read without ``transformers`` (``tp_standalone``)
+    unless ``standalone=False`` (the ``transformers`` meta-model path, kept to measure what it costs)."""
     from course_lib.core.dtypes import torch_dtype
     from course_lib.models.load import load_model, parse_device
 
@@ -145,8 +214,20 @@ def load_for_rank(model: str | Path, rank: int, world_size: int, device="cpu", d
     if folder is None:
         hf, tok = load_model(model, device=dev, dtype=dtype)
         return hf, tok, False
-    hf, tok = load_rank_model(folder, rank, world_size, torch_dtype(dtype))
+    if dev.type == "cpu" and standalone:
+        got = load_rank_standalone(folder, rank, world_size, torch_dtype(dtype), vocab_parallel)
+        if got is not None:
+            return got[0], got[1], True
+    hf, tok = load_rank_model(folder, rank, world_size, torch_dtype(dtype), vocab_parallel)
     return hf.to(dev), tok, True
 
 
-__all__ = ["check_split", "checkpoint_folder", "load_for_rank", "load_rank_model", "model_config"]
+__all__ = [
+    "check_split",
+    "checkpoint_folder",
+    "load_for_rank",
+    "load_rank_model",
+    "load_rank_standalone",
+    "model_config",
+    "read_slices",
+]

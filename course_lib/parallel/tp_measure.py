@@ -187,6 +187,7 @@ def tp_generate_worker(
     sequence_parallel: bool = False,
     model: str = "tiny-target",
     with_stats: bool = False,
+    vocab_parallel: bool = False,
 ):
     """Greedy generation on one TP rank (run it under ``launch``): every rank runs the same requests in
     lockstep and returns the same tokens; with ``with_stats`` {"tokens", "comm": {op: {calls, payload_bytes,
@@ -196,7 +197,7 @@ def tp_generate_worker(
     from course_lib.engine.sampling import SamplingParams
 
     torch.set_num_threads(1)
-    engine = tp_engine(rank, world_size, model, sequence_parallel=sequence_parallel)
+    engine = tp_engine(rank, world_size, model, sequence_parallel=sequence_parallel, vocab_parallel=vocab_parallel)
     engine.model.reset_stats()
     params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
     tokens = [r.output_ids for r in engine.generate(prompts, params)]
@@ -213,10 +214,11 @@ def tp_generate(
     timeout_s=180.0,
     model: str = "tiny-target",
     with_stats: bool = False,
+    vocab_parallel: bool = False,
 ) -> list:
     """Greedy tokens of ``prompts`` from a TP group of ``world_size`` processes: one list per rank (with
     ``with_stats``, one dict per rank with its collectives' counters too). The split is checked before any
-    process starts."""
+    process starts. ``vocab_parallel``: the embedding and the head cut by vocabulary rows (``tp_vocab``)."""
     from course_lib.parallel.launcher import launch
     from course_lib.parallel.tp_load import check_split, model_config
 
@@ -231,6 +233,7 @@ def tp_generate(
         sequence_parallel,
         model,
         with_stats,
+        vocab_parallel,
         threads_per_worker=1,
         timeout_s=timeout_s,
     )

@@ -8,7 +8,9 @@
 - ``o`` and ``down`` are *row-parallel* (their slice of input features): each rank computes a partial sum
   of the full output and ONE all-reduce adds them, so a layer costs two all-reduces of (N, D);
 - ``gate_up`` is column-parallel like ``qkv``; SwiGLU is elementwise, so it runs on the local slice;
-- the embedding, the norms and the LM head are replicated (each rank computes the same logits).
+- the norms are replicated; the embedding and the LM head are replicated (each rank computes the same
+  logits) or, with ``vocab_parallel``, cut by vocabulary rows (``course_lib.parallel.tp_vocab``: one more
+  all-reduce for the embedding, one all-gather of the logits).
 
 Decode is bandwidth-bound on weights, so TP divides the bytes each rank reads by p, and adds 2·L
 latency-bound all-reduces of a few KB per step. ``TensorParallelModel`` is what the engine calls (plain TP,
@@ -26,6 +28,7 @@ from course_lib.parallel.sequence_parallel import forward_sp
 from course_lib.parallel.tp_comm import Comm
 from course_lib.parallel.tp_layers import ColumnParallelLinear, RowParallelLinear
 from course_lib.parallel.tp_plan import RankShard, check_tp_degree, kv_heads_per_rank, rank_shard
+from course_lib.parallel.tp_vocab import shard_vocab
 
 
 def _wrap_presliced(model: LlamaEngineModel, shard: RankShard, comm: Comm) -> None:
@@ -50,14 +53,20 @@ def _wrap_presliced(model: LlamaEngineModel, shard: RankShard, comm: Comm) -> No
 
 
 def shard_model(
-    model: LlamaEngineModel, rank: int, world_size: int, comm: Comm, presliced: bool = False
+    model: LlamaEngineModel,
+    rank: int,
+    world_size: int,
+    comm: Comm,
+    presliced: bool = False,
+    vocab_parallel: bool = False,
 ) -> LlamaEngineModel:
     """Shard ``model`` in place for (rank, world_size): qkv/gate_up column-parallel, o/down row-parallel,
     embedding, norms and LM head replicated; head counts and sizes updated so ``run_layers`` needs no change.
 
     Each rank keeps the KV heads its query heads use (``tp_plan.rank_shard``): Hkv/p of them, or one
     replicated KV head when p > Hkv. ``presliced``: the model was loaded with only this rank's slices
-    (``tp_load.load_rank_model``); its layers are wrapped, not cut."""
+    (``tp_load.load_rank_model``); its layers are wrapped, not cut. ``vocab_parallel``: the embedding and
+    the head are cut by vocabulary rows too (``tp_vocab.shard_vocab``; presliced: read so)."""
     if getattr(model, "tensor_parallel", None) is not None:
         raise ValueError(f"this model is already sharded as (rank, world_size)={model.tensor_parallel}")
     ffn = model.ffn_size * world_size if presliced else model.ffn_size  # a presliced down has F/p input columns
@@ -81,6 +90,9 @@ def shard_model(
     model.ffn_size = len(shard.ffn)
     model.tensor_parallel = (rank, world_size)
     model.rank_shard = shard
+    model.vocab_parallel = None
+    if vocab_parallel:
+        shard_vocab(model, rank, world_size, comm, presliced=presliced)
     return model
 
 
@@ -151,6 +163,8 @@ def tp_engine(
     device: str | torch.device = "cpu",
     group=None,
     reduce_scatter: str = "auto",
+    vocab_parallel: bool = False,
+    standalone: bool = True,
 ):
     """An ``Engine`` whose model is rank's tensor-parallel shard and whose KV cache holds rank's KV heads.
 
@@ -158,6 +172,9 @@ def tp_engine(
     initialised) and drive every rank's engine with the same requests: the forward runs in lockstep
     because every collective must be entered by all ranks, and greedy (or equally seeded) sampling of
     replicated logits makes the same decision everywhere. ``world_size == 1`` needs no process group.
+    ``vocab_parallel``: each rank holds V/p rows of the embedding and the head (``tp_vocab``); the logits are
+    all-gathered, so every rank still samples from the same (B, V). ``standalone``: read a safetensors
+    checkpoint without importing ``transformers`` where it can (``tp_load.load_for_rank``).
     """
     from course_lib.engine.attention import ContiguousBackend
     from course_lib.engine.engine import Engine
@@ -167,6 +184,12 @@ def tp_engine(
     if config is not None and not isinstance(config, SchedulerConfig):
         raise ValueError(f"config must be a SchedulerConfig, got {type(config).__name__}")
     check_split(model_config(model), world_size)  # before any process group or weight: names the valid sizes
+    if sequence_parallel and vocab_parallel and world_size > 1:
+        raise ValueError(
+            "sequence_parallel=True with vocab_parallel=True is not supported: sequence parallelism embeds each "
+            "rank's own tokens, and the vocab-parallel lookup sums every rank's rows for the same tokens "
+            "(Megatron reduce-scatters it instead); pick one"
+        )
     comm = Comm(rank, world_size, group, reduce_scatter)  # checks rank
     if world_size > 1:
         import torch.distributed as dist
@@ -181,7 +204,9 @@ def tp_engine(
                 f"(rank, world_size)=({rank}, {world_size}) does not match the process group's "
                 f"({dist.get_rank(group)}, {dist.get_world_size(group)})"
             )
-    hf, tokenizer, presliced = load_for_rank(model, rank, world_size, device=device, dtype=dtype)
+    hf, tokenizer, presliced = load_for_rank(
+        model, rank, world_size, device=device, dtype=dtype, vocab_parallel=vocab_parallel, standalone=standalone
+    )
     cfg = hf.config
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
@@ -200,7 +225,7 @@ def tp_engine(
         cfg.num_hidden_layers, kv_heads_per_rank(kv_heads, world_size), head_dim, max_len, rows, hf.dtype, hf.device
     )  # this rank's KV heads only: 1/p of the KV bytes per token, or one replicated head once p > Hkv
     engine = Engine(hf, tokenizer, device=device, dtype=dtype, config=config, backend=backend, linear=linear)
-    shard_model(engine.model, rank, world_size, comm, presliced=presliced)
+    shard_model(engine.model, rank, world_size, comm, presliced=presliced, vocab_parallel=vocab_parallel)
     if world_size > 1 and not presliced:
         release_unsharded(hf)  # the full weights this rank no longer needs
     engine.model = TensorParallelModel(engine.model, comm, sequence_parallel)
