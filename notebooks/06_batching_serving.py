@@ -58,7 +58,10 @@ if "google.colab" in sys.modules:
 # * how well a simulator with a three-number cost model (a step's fixed cost, a prefill token's, a decode
 #   row's) predicts the real engine, and where its errors sit;
 # * how chunked prefill removes the stalls a long prompt causes in everyone else's stream;
-# * what preemption, prefix caching and disaggregation buy, and when;
+# * what padding costs a batch of prompts, and what length buckets and packing recover;
+# * whose TTFT a priority scheduler buys, and who pays;
+# * what preemption, prefix caching and disaggregation buy, and when (against colocated GPUs with chunked prefill);
+# * how the same load generator sees llama.cpp's server and the course server;
 # * how a real server behaves: streaming, a bounded queue, cancellation, metrics, and what it costs per token;
 # * what a response cache saves, and the wrong answers a semantic cache can serve.
 #
@@ -568,20 +571,29 @@ print("published:", references.cite("sarathi", link=False))
 # prompts and answers, nobody watching the first token). Under FCFS an interactive request queues behind the
 # batch requests that came first; `SchedulerConfig(admission="priority")` admits by class (lower
 # `Sequence.priority` first, FCFS within it), as vLLM's `--scheduling-policy priority`. The simulator replays a
-# mixed trace (half interactive: 32-token prompts, 16 tokens out; half batch: 256 in, 96 out; 20 req/s,
-# 8 slots) through the same scheduler under both orders, with this machine's cost model.
+# mixed trace (half interactive: 32-token prompts, 16 tokens out; half batch: 256 in, 96 out; 8 slots) through
+# the same scheduler under both orders, with this machine's cost model. The arrival rate is the 8 slots'
+# capacity computed from that cost model (`priority.load_for`), and the interactive TTFT target three mean gaps
+# between two finishing requests, so the experiment means the same on a fast machine and a slow one.
 #
-# *Predict:* the share of interactive requests within a 150 ms TTFT target, under FCFS and under priority.
+# *Predict:* the share of interactive requests within the TTFT target, under FCFS and under priority.
 
 # %%
 my_interactive_attainment = {"fcfs": None, "priority": None}
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from course_lib.serving.priority import attainment_lift, compare_admission, mixed_trace, plot_admission  # noqa: E402
+from course_lib.serving.priority import (  # noqa: E402
+    attainment_lift,
+    compare_admission,
+    load_for,
+    mixed_trace,
+    plot_admission,
+)
 
-PRIO_SLO_S = 0.15
-mixed, prios = mixed_trace(pick(60, 200), rate=20.0)
+rate_p, PRIO_SLO_S = load_for(cost, 8, load=1.0)
+mixed, prios = mixed_trace(pick(60, 200), rate=rate_p)
+print(f"{rate_p:.1f} req/s (the slots' capacity here), interactive TTFT target {PRIO_SLO_S * 1e3:.0f} ms")
 prio_stats = compare_admission(
     mixed, prios, SchedulerConfig(max_num_seqs=8, max_model_len=512), cost, PRIO_SLO_S, pool=pool
 )
@@ -1376,10 +1388,14 @@ ch06.check_decode_ceiling(
 # * Static batching pays for its longest answer in every batch; continuous batching refills slots every step
 #   and raises throughput while lowering the TTFT tail. A simulator with a fitted step cost, driving the same
 #   scheduler, predicts the engine within the noise of the machine and sweeps load in seconds.
-# * Chunked prefill bounds the stall a long prompt causes; preemption (recompute or swap) keeps the server
+# * Padding a batch to its longest prompt computes the pads; length buckets recover part of that, packed
+#   (varlen) prefill all of it.
+# * Chunked prefill bounds the stall a long prompt causes; priority admission buys an interactive class its
+#   TTFT while a queue exists, and the batch class pays; preemption (recompute or swap) keeps the server
 #   alive when KV runs out; prefix caching skips the shared part of prompts.
-# * Disaggregation separates prefill and decode at the price of shipping the KV cache; it pays under tight TPOT
-#   targets and long prompts.
+# * Disaggregation separates prefill and decode at the price of shipping the KV cache; it beats colocated GPUs
+#   that prefill first under tight TPOT targets and long prompts, and the chapter's verdict says whether it also
+#   beats colocated GPUs with chunked prefill, the baseline to beat.
 # * A real server adds queueing, streaming and metrics, and its own cost per token; a cache in front of it
 #   saves whole requests, and a semantic cache can serve a wrong answer.
 # * Behind the same server a chat model streams its answer to the official `openai` client; its JSON is as

@@ -133,12 +133,18 @@ COST = CostModel(a=0.007, b=0.00016, c=0.0, d=0.0, meta={"max_model_len": 1024, 
 def test_priority_verdict_fails_without_a_queue():
     statement = "priority admission lifts the interactive class's TTFT-SLO attainment ≥ 1.5× over FCFS"
     cfg = SchedulerConfig(max_num_seqs=8, max_model_len=512)
-    loaded = priority.compare_admission(*priority.mixed_trace(60, rate=20.0), cfg, COST, 0.15)
-    assert claim(statement, priority.attainment_lift(loaded), at_least=1.5).held
-    assert loaded["priority"]["batch"]["ttft_p50"] >= loaded["fcfs"]["batch"]["ttft_p50"]  # the batch class pays
-    idle = priority.compare_admission(*priority.mixed_trace(30, rate=2.0), cfg, COST, 0.15)
-    assert not claim(statement, priority.attainment_lift(idle), at_least=1.5).held
-    assert priority.plot_admission(loaded, 0.15).axes
+    for slow in (1.0, 3.0):  # the same verdict on a machine three times slower: the load scales with the cost
+        cost = CostModel(a=COST.a * slow, b=COST.b * slow, c=0.0, d=0.0, meta=COST.meta)
+        rate, slo = priority.load_for(cost, 8, load=1.0)
+        loaded = priority.compare_admission(*priority.mixed_trace(60, rate=rate), cfg, cost, slo)
+        assert claim(statement, priority.attainment_lift(loaded), at_least=1.5).held
+        assert loaded["priority"]["batch"]["ttft_p50"] >= loaded["fcfs"]["batch"]["ttft_p50"]  # the batch class pays
+        rate, slo = priority.load_for(cost, 8, load=0.3)  # no queue: the order of admission changes nothing
+        idle = priority.compare_admission(*priority.mixed_trace(30, rate=rate), cfg, cost, slo)
+        assert not claim(statement, priority.attainment_lift(idle), at_least=1.5).held
+    assert priority.plot_admission(loaded, slo).axes
+    with pytest.raises(ValueError, match="slots"):
+        priority.load_for(COST, 0)
 
 
 def test_priorities_are_checked():

@@ -3,9 +3,9 @@
 A server often carries two classes at once: interactive chat (short prompts, short answers, a tight TTFT
 target) and batch work (long prompts, long answers, no one waiting on the first token). Under FCFS an
 interactive request that arrives behind a few batch requests waits for their admission; an SLO-aware
-scheduler admits by class instead (vLLM's ``--scheduling-policy priority``; Huyen, *AI Engineering* ch. 10,
-on prioritising latency-sensitive traffic). ``mixed_trace`` builds such a trace; ``compare_admission``
-replays it in the virtual-clock simulator (``simulator.simulate``, the engine's own ``Scheduler`` with
+scheduler admits by class instead (vLLM's ``--scheduling-policy priority``). ``mixed_trace`` builds such a
+trace (``load_for`` scales its rate and TTFT target to a cost model); ``compare_admission`` replays it in the
+virtual-clock simulator (``simulator.simulate``, the engine's own ``Scheduler`` with
 ``SchedulerConfig(admission="priority")``) under both policies and returns each class's TTFT percentiles and
 SLO attainment, so the notebook can show both the gain of the interactive class and its price, paid by the
 batch class. Introduced in 06_batching_serving.ipynb.
@@ -107,3 +107,21 @@ def plot_admission(stats: dict, ttft_slo_s: float):
 def attainment_lift(stats: dict) -> float:
     """The notebook's verdict quantity: the interactive class's SLO attainment under priority ÷ under FCFS."""
     return stats["priority"]["interactive"]["attainment"] / max(stats["fcfs"]["interactive"]["attainment"], 1e-9)
+
+
+def load_for(cost, slots: int, interactive=(32, 16), batch=(256, 96), interactive_share: float = 0.5, load=1.0):
+    """(rate, TTFT target) scaled to a cost model, so the experiment means the same on a fast or a slow
+    machine: ``capacity`` = slots ÷ (a request's mean slot time: its prefill step plus one full-batch decode
+    step per output token); rate = ``load`` × capacity; the target = 3 ÷ capacity, three mean gaps between
+    two finishing requests (the wait for a free slot that priority admission cannot remove)."""
+    if not isinstance(slots, int) or slots < 1:
+        raise ValueError(f"slots must be a positive int, got {slots!r}")
+    if not load > 0:
+        raise ValueError(f"load must be > 0, got {load!r}")
+    mean_ctx = interactive_share * sum(interactive) + (1 - interactive_share) * sum(batch)
+    decode_step = cost.step_time(0, slots, int(slots * mean_ctx))
+    slot_s = 0.0
+    for (p, o), w in ((interactive, interactive_share), (batch, 1 - interactive_share)):
+        slot_s += w * (cost.step_time(p, slots - 1, int((slots - 1) * mean_ctx)) + (o - 1) * decode_step)
+    capacity = slots / slot_s
+    return load * capacity, 3.0 / capacity

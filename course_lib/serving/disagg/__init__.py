@@ -39,26 +39,11 @@ from course_lib.serving.disagg.server import DisaggregatedServer, WorkerError
 from course_lib.serving.disagg.simulate import SimConfig, SimResult, simulate_colocated, simulate_disaggregated
 from course_lib.serving.disagg.sweep import goodput_margin, max_goodput_per_gpu, side_by_side, sweep_rates
 
+# fmt: off
 __all__ = [
-    "DisaggregatedServer",
-    "INFINIBAND_NDR_GBPS",
-    "KVTransfer",
-    "ServingRun",
-    "SimConfig",
-    "SimResult",
-    "WorkerError",
-    "extract_kv",
-    "goodput_margin",
-    "install_kv",
-    "kv_transfer_bytes",
-    "link_gbps",
-    "max_goodput_per_gpu",
-    "plot_disagg_sweep",
-    "best_chunk_budget",
-    "serve_colocated",
-    "side_by_side",
-    "simulate_colocated_chunked",
-    "simulate_colocated",
-    "simulate_disaggregated",
-    "sweep_rates",
+    "DisaggregatedServer", "INFINIBAND_NDR_GBPS", "KVTransfer", "ServingRun", "SimConfig", "SimResult",
+    "WorkerError", "best_chunk_budget", "extract_kv", "goodput_margin", "install_kv", "kv_transfer_bytes",
+    "link_gbps", "max_goodput_per_gpu", "plot_disagg_sweep", "serve_colocated", "side_by_side",
+    "simulate_colocated", "simulate_colocated_chunked", "simulate_disaggregated", "sweep_rates",
 ]
+# fmt: on
