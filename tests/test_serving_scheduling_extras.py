@@ -185,3 +185,11 @@ def test_plot_bars_checks_its_values():
     assert len(ax.patches) == 2
     with pytest.raises(ValueError, match="values"):
         plot_bars({}, "ms", "t")
+
+
+def test_server_cli_refuses_bad_sizes(capsys):
+    from course_lib.serving.server.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--max-num-seqs", "0"])
+    assert "--max-num-seqs must be >= 1" in capsys.readouterr().err
