@@ -58,7 +58,10 @@ if "google.colab" in sys.modules:
 # * how well a simulator with a three-number cost model (a step's fixed cost, a prefill token's, a decode
 #   row's) predicts the real engine, and where its errors sit;
 # * how chunked prefill removes the stalls a long prompt causes in everyone else's stream;
-# * what preemption, prefix caching and disaggregation buy, and when;
+# * what padding costs a batch of prompts, and what length buckets and packing recover;
+# * whose TTFT a priority scheduler buys, and who pays;
+# * what preemption, prefix caching and disaggregation buy, and when (against colocated GPUs with chunked prefill);
+# * how the same load generator sees llama.cpp's server and the course server;
 # * how a real server behaves: streaming, a bounded queue, cancellation, metrics, and what it costs per token;
 # * what a response cache saves, and the wrong answers a semantic cache can serve.
 #
@@ -71,7 +74,8 @@ if "google.colab" in sys.modules:
 # that talks answers a chat request through the `openai` client, and the structured-output measurement asks a
 # model that was taught to follow instructions for JSON. It runs in the server's own engine process, started
 # with a small KV cache and stopped at the end of that part (its memory is printed there), so that only one
-# copy of the chat model is ever in memory.
+# copy of the chat model is ever in memory. Section 8 also sets the course server beside llama.cpp's HTTP
+# server on SmolLM2's own GGUF file (a recorded run in quick mode: two SmolLM2 servers, one after the other).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -326,6 +330,65 @@ plt.show()
 # idling until the batch's longest answer ends, and newcomers do not wait for a whole batch, which is why the
 # TTFT tail falls too.
 #
+# ### Padding, length buckets and packed prefill
+#
+# A batch of prompts run as one (B, L) tensor is padded to its longest prompt: every pad token goes through
+# every layer and its result is thrown away. Xiao & Zhu (*Foundations of LLMs*) describe the two remedies:
+# **length bucketing** (sort by length, pad only within batches of similar prompts) and **packing** (every real
+# token back to back in one ragged batch, attention kept inside each sequence). The engine's flat batch is
+# packed already (`input_ids (N,)` with per-sequence metadata, as vLLM's and FlashAttention's varlen kernels);
+# a padded row is simulated by a prompt followed by pad tokens: the same tokens through the same layers.
+#
+# *Predict:* eight prompts of random lengths; how many times longer does the padded batch's prefill take than
+# the packed one?
+
+# %%
+my_padding_cost = None  # ×
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from course_lib.serving.batching_plots import plot_bars  # noqa: E402
+from course_lib.serving.packing import saved_share, time_layouts  # noqa: E402
+
+pack_lens = [int(n) for n in np.random.default_rng(0).integers(8, pick(97, 257), 8)]
+pack_prompts = [pool[i * 300 : i * 300 + n] for i, n in enumerate(pack_lens)]
+pack = time_layouts(engine, pack_prompts, pad_id=engine.tokenizer.pad_token_id or 0, repeats=pick(2, 5))
+print(f"prompt lengths {pack_lens}")
+for name, r in pack.items():
+    print(
+        f"{name:<9} {r['tokens']:>5} tokens computed ({r['tokens'] / pack['packed']['tokens']:.2f}× the real ones), "
+        f"prefill {r['s'] * 1e3:6.1f} ms ±{r['spread']:.0%}"
+    )
+token_ratio = pack["padded"]["tokens"] / pack["packed"]["tokens"]
+time_ratio = pack["padded"]["s"] / pack["packed"]["s"]
+compare_prediction("padded ÷ packed prefill time", my_padding_cost, theory=token_ratio, measured=time_ratio)
+fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.0), dpi=80)
+plot_bars({k: v["tokens"] for k, v in pack.items()}, "tokens through the layers", "tokens computed", ax=axes[0])
+plot_bars(
+    {k: v["s"] * 1e3 for k, v in pack.items()},
+    "prefill (ms)",
+    "time (median, spread as error bar)",
+    ax=axes[1],
+    fmt="{:.0f}",
+    spread={k: v["spread"] for k, v in pack.items()},
+)
+fig.suptitle("Padding costs what it computes: packed prefill skips the pads", fontsize=10)
+fig.tight_layout()
+plt.show()
+claim(
+    "packing saves at least half the time its token count predicts ((time ratio − 1) ≥ ½ (token ratio − 1))",
+    saved_share(pack),
+    at_least=0.5,
+    spread=max(r["spread"] for r in pack.values()),
+    why_not="a step's fixed cost (Python, kernel launches) does not shrink with the tokens removed",
+)
+
+# %% [markdown]
+# The padded tokens are FLOPs like any other: prefill is compute-bound, so its time follows the tokens it
+# computes, less the step's fixed cost, which padding does not change. Bucketing recovers part of the waste
+# with any dense-tensor kernel; packing recovers all of it, but needs attention that knows where each
+# sequence starts (the course engine's flat batch, FlashAttention's `cu_seqlens`).
+#
 # ### The throughput–latency curve
 #
 # Throughput alone hides the price: push more requests per second and latency rises. The simulator sweeps the
@@ -501,6 +564,70 @@ print(
 print("published:", references.cite("sarathi", link=False))
 
 # %% [markdown]
+# ### Who waits: priority against first come, first served
+#
+# Chunked prefill decides how a step is filled; the admission order decides who gets in. A server often
+# carries two classes: interactive chat (short prompts and answers, a tight TTFT target) and batch work (long
+# prompts and answers, nobody watching the first token). Under FCFS an interactive request queues behind the
+# batch requests that came first; `SchedulerConfig(admission="priority")` admits by class (lower
+# `Sequence.priority` first, FCFS within it), as vLLM's `--scheduling-policy priority`. The simulator replays a
+# mixed trace (half interactive: 32-token prompts, 16 tokens out; half batch: 256 in, 96 out; 8 slots) through
+# the same scheduler under both orders, with this machine's cost model. The arrival rate is the 8 slots'
+# capacity computed from that cost model (`priority.load_for`), and the interactive TTFT target three mean gaps
+# between two finishing requests, so the experiment means the same on a fast machine and a slow one.
+#
+# *Predict:* the share of interactive requests within the TTFT target, under FCFS and under priority.
+
+# %%
+my_interactive_attainment = {"fcfs": None, "priority": None}
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from course_lib.serving.priority import (  # noqa: E402
+    attainment_lift,
+    compare_admission,
+    load_for,
+    mixed_trace,
+    plot_admission,
+)
+
+rate_p, PRIO_SLO_S = load_for(cost, 8, load=1.0)
+mixed, prios = mixed_trace(pick(60, 200), rate=rate_p)
+print(f"{rate_p:.1f} req/s (the slots' capacity here), interactive TTFT target {PRIO_SLO_S * 1e3:.0f} ms")
+prio_stats = compare_admission(
+    mixed, prios, SchedulerConfig(max_num_seqs=8, max_model_len=512), cost, PRIO_SLO_S, pool=pool
+)
+for adm, st in prio_stats.items():
+    print(
+        f"{adm:<9} "
+        + "; ".join(
+            f"{c} ({v['n']}): TTFT p50 {v['ttft_p50'] * 1e3:5.0f} ms, p99 {v['ttft_p99'] * 1e3:5.0f} ms, "
+            f"{v['attainment']:.0%} within {PRIO_SLO_S * 1e3:.0f} ms"
+            for c, v in st.items()
+        )
+    )
+for adm in ("fcfs", "priority"):
+    compare_prediction(
+        f"interactive share within the TTFT target, {adm}",
+        my_interactive_attainment[adm],
+        measured=prio_stats[adm]["interactive"]["attainment"],
+    )
+display(plot_admission(prio_stats, PRIO_SLO_S))
+claim(
+    "priority admission lifts the interactive class's TTFT-SLO attainment ≥ 1.5× over FCFS",
+    attainment_lift(prio_stats),
+    at_least=1.5,
+    why_not="without a queue (a load the slots absorb) the order of admission changes nothing",
+)
+batch_cost = prio_stats["priority"]["batch"]["ttft_p50"] / prio_stats["fcfs"]["batch"]["ttft_p50"]
+print(f"its price: the batch class's median TTFT × {batch_cost:.2f} (its requests now wait for every interactive one)")
+
+# %% [markdown]
+# Priority admission only reorders the queue: it helps while a queue exists, and the batch class pays with the
+# wait the interactive class no longer has. It does not evict a running batch request, so an interactive
+# request still waits for a free slot; vLLM's priority policy can preempt for that, at the cost of
+# recomputation (section 5).
+#
 # ## 5 · When memory runs out: preemption
 #
 # With a KV budget smaller than the load, the scheduler must take memory back from a running request. It can
@@ -512,29 +639,32 @@ print("published:", references.cite("sarathi", link=False))
 prompts = [f"def function_{i}(data):\n    result = []" for i in range(6)]
 params = SamplingParams(max_new_tokens=48, ignore_eos=True)
 ref = [r.output_ids for r in engine.generate(prompts, params)]
-for mode in ("recompute", "swap"):
-    tight = Engine("tiny-target", kv_cache="paged", config=SchedulerConfig(max_kv_tokens=160, preemption=mode))
-    out = tight.generate(prompts, params)
-    same = [r.output_ids for r in out] == ref
-    print(
-        f"preemption={mode:<9}: 6 requests of up to 60 tokens in {tight.backend.num_blocks} blocks of 16 → outputs identical: {same}"
-    )
-
-# %%
-# NBVAL_IGNORE_OUTPUT
 import time  # noqa: E402
 
+preempt_runs = {}
 for mode in ("recompute", "swap"):
     tight = Engine("tiny-target", kv_cache="paged", config=SchedulerConfig(max_kv_tokens=160, preemption=mode))
     seqs = [tight.add_request(p, params) for p in prompts]
     t0 = time.perf_counter()
     while tight.has_unfinished():
         tight.step()
-    dt = time.perf_counter() - t0
+    preempt_runs[mode] = (seqs, time.perf_counter() - t0)
+    same = [s.output_ids for s in seqs] == ref
+    print(
+        f"preemption={mode:<9}: 6 requests of up to 60 tokens in {tight.backend.num_blocks} blocks of 16 → outputs identical: {same}"
+    )
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+preempt_ms = {}
+for mode, (seqs, dt) in preempt_runs.items():  # the runs above, timed
+    preempt_ms[f"{mode}\n{sum(s.num_preemptions for s in seqs)} preemptions"] = dt * 1e3
     print(
         f"{mode:<9}: {sum(s.num_preemptions for s in seqs)} preemptions, {sum(s.swapped_bytes for s in seqs) / 1e3:.0f} kB "
         f"swapped, {dt * 1e3:.0f} ms"
     )
+plot_bars(preempt_ms, "time to finish the 6 requests (ms)", "Preemption: recompute vs swap (one run)", fmt="{:.0f}")
+plt.show()
 
 # %% [markdown]
 # Recompute pays FLOPs (the prompt again), swap pays bytes over the host link. On a GPU the trade depends on
@@ -570,6 +700,13 @@ for on in (False, True):
     )
 cut = ttft[False] / ttft[True]
 compare_prediction("median TTFT cut for requests sharing a prefix", my_prefix_ttft_cut, measured=cut)
+plot_bars(
+    {"prefix caching off": ttft[False] * 1e3, "on": ttft[True] * 1e3},
+    "median TTFT, sharing requests (ms)",
+    "Prefix caching skips the shared prompt's prefill",
+    fmt="{:.1f}",
+)
+plt.show()
 claim(
     "prefix caching cuts the TTFT of requests sharing a long prefix ≥ 2×",
     cut,
@@ -624,18 +761,28 @@ print(
 # %%
 # NBVAL_IGNORE_OUTPUT
 cfg_d = disagg.SimConfig(
-    model="llama-3-8b", gpu="H100 SXM", prompt_len=2048, output_len=256, num_requests=pick(150, 400)
+    model="llama-3-8b", gpu="H100 SXM", prompt_len=2048, output_len=256, num_requests=pick(100, 400)
 )
 slo_d = SLO(ttft_s=0.4, tpot_s=0.009)
-rows = disagg.sweep_rates(
-    cfg_d,
-    pick([4.0, 8.0, 16.0, 24.0, 32.0], [2.0, 4.0, 8.0, 12.0, 16.0, 20.0, 24.0, 28.0, 32.0, 36.0]),
-    setups=(2, (1, 1)),
-    slo=slo_d,
-)
+rates_d = pick([4.0, 8.0, 16.0, 24.0, 32.0], [2.0, 4.0, 8.0, 12.0, 16.0, 20.0, 24.0, 28.0, 32.0, 36.0])
+# the colocated baseline at its best: chunked prefill with the token budget that serves the most in SLO
+# (quick mode tries 256 and 512 tokens per step, full mode up to 2,048)
+budget_d = disagg.best_chunk_budget(cfg_d, rates_d[-2:], 2, slo_d, budgets=pick((256, 512), (256, 512, 1024, 2048)))
+rows = disagg.sweep_rates(cfg_d, rates_d, setups=(2, ("chunked", 2, budget_d), (1, 1)), slo=slo_d)
 display(disagg.plot_disagg_sweep(rows, slo=slo_d))
 for setup in dict.fromkeys(r["setup"] for r in rows):
     print(f"{setup}: max goodput per GPU at 90% SLO attainment: {disagg.max_goodput_per_gpu(rows, setup):.2f} req/s")
+print(disagg.side_by_side(rows, rates_d[-2]))
+split_name, chunked_name = "disaggregated 1P+1D", f"colocated ×2, chunked {budget_d}"
+claim(
+    "disaggregation serves more goodput per GPU than colocated GPUs with chunked prefill (the best baseline): the margin",
+    disagg.goodput_margin(rows, split_name, chunked_name),
+    at_least=1e-6,
+    unit=" req/s per GPU more",
+    why_not=f"chunking spreads each {cfg_d.prompt_len}-token prefill over steps of {budget_d} tokens, so a "
+    "colocated decode never stalls for a whole prompt, and both its GPUs prefill: the split setup's single "
+    "prefill GPU queues first",
+)
 cap = prefill_capacity_rps(cfg_d)
 top = max(r["rate"] for r in rows)
 print(
@@ -646,10 +793,14 @@ print(
 print("published:", references.cite("distserve", link=False))
 
 # %% [markdown]
-# The colocated GPUs stall every running stream for each 2048-token prefill, so they miss a tight TPOT
-# target first; the decode GPU never stalls. The split setup's limit is its single prefill GPU: once the
-# arrival rate nears that GPU's prefill throughput (printed below), TTFT climbs toward the SLO. Which wins
-# depends on the SLO: disaggregation pays when the TPOT target is tight and prompts are long.
+# The prefill-first colocated GPUs stall every running stream for each 2048-token prefill, so they miss a
+# tight TPOT target first; the decode GPU never stalls. Chunked prefill (section 4) removes most of that stall
+# without a second kind of GPU: each step carries a chunk of at most the token budget (picked above as the one
+# that serves the most within the SLO) beside the decodes, so a step grows a little instead of a decode
+# waiting a whole prompt. The split setup's limit is its single prefill GPU: once the arrival rate nears that
+# GPU's prefill throughput (printed above), TTFT climbs toward the SLO. Which wins is the verdict above, computed
+# from this model; DistServe's case for splitting rests on tighter TPOT targets and larger prefill/decode
+# imbalances than this one, and on placing each phase's GPUs with its own parallelism.
 #
 # ## 8 · A real server
 #
@@ -733,6 +884,14 @@ for name, rel in overhead.items():
     print(f"  {name:<15} {tpot[name] * 1e3:.2f} ms → {rel:+.0%}   (round by round: {rounds})")
 lower = min(overhead, key=overhead.get)
 print(f"  the lower overhead in this run: the {lower}")
+plot_bars(
+    {k: v * 1e3 for k, v in tpot.items()},
+    "p50 TPOT, median over rounds (ms)",
+    "What the HTTP server adds per token",
+    fmt="{:.2f}",
+    spread={k: relative_spread([r.p("tpot") for r in rs]) for k, rs in runs.items()},
+)
+plt.show()
 print(
     "\n".join(
         line
@@ -811,6 +970,56 @@ for n in (32, 512):
 # the contention; what remains is a pipe message per step. vLLM V1 splits the same way: detokenization runs in
 # the API server process, beside the HTTP work, and the engine core process overlaps the scheduling of step
 # *n+1* with the GPU's work on step *n*.
+#
+# ### The same load generator against llama.cpp's server
+#
+# The load generator speaks plain OpenAI HTTP, so it measures any server. Beside the course server, the peer a
+# CPU user would pick: llama.cpp's OpenAI-compatible server (`python -m llama_cpp.server`, from
+# llama-cpp-python, the `llamacpp` extra), on SmolLM2-135M-Instruct's shipped Q4_1 GGUF; the course server runs
+# the same file's weights dequantized to fp32 (what the course loads). Same text prompts, same Poisson arrival
+# times, same rates, same threads, each server at its defaults: llama.cpp's Python server answers one request
+# at a time, the course server batches continuously. In full mode with llama.cpp installed this cell runs it
+# (`python -m course_lib.serving.llamacpp_server_record`, a few minutes); otherwise it shows the recorded run.
+#
+# *Predict:* at the higher rate, which server has the lower p99 TTFT, and which the lower p50 TPOT?
+
+# %%
+my_lower_ttft_p99, my_lower_tpot_p50 = None, None  # "llama.cpp server" or "course server"
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from course_lib.serving import llamacpp_server_record as lcs  # noqa: E402
+
+can_run, why_cannot = lcs.llamacpp_server_available()
+if course_lib.mode() == "full" and can_run:
+    side = lcs.record(out=Path(tempfile.mkdtemp()) / "side_by_side.json")
+    print("measured in this run")
+else:
+    side = lcs.load_record()
+    print(
+        "recorded run (" + ("quick mode" if can_run else f"llama.cpp's server cannot run here: {why_cannot}") + f"): "
+        f"{side['date']} on {side['machine']['device']}, load average {side['load_average_before'][0]:.1f} before, "
+        f"{side['load_average_after'][0]:.1f} after; made by `{side['command']}`"
+    )
+    print("versions:", ", ".join(f"{k} {v}" for k, v in side["versions"].items()))
+print(lcs.side_by_side(side))
+display(lcs.plot_side_by_side(side))
+top_rate = max(r["rate"] for r in side["rows"])
+at_top = {r["server"]: r for r in side["rows"] if r["rate"] == top_rate}
+lower_ttft = min(at_top, key=lambda k: at_top[k]["ttft_p99_s"])
+lower_tpot = min(at_top, key=lambda k: at_top[k]["tpot_p50_s"])
+print(f"your prediction: the lower p99 TTFT {my_lower_ttft_p99}, the lower p50 TPOT {my_lower_tpot_p50}")
+print(f"measured at {top_rate:g} req/s: the lower p99 TTFT: the {lower_ttft}; the lower p50 TPOT: the {lower_tpot}")
+
+# %% [markdown]
+# The two answer different questions. llama.cpp's per-token path is its Q4_1 kernels in C++ (the fastest CPU
+# path in `data/measurements/smollm2-vs-llamacpp-cpu.json`); the course engine runs fp32 in PyTorch. But
+# llama.cpp's Python server serves one request at a time, so under load its TTFT includes a queue of whole
+# answers, while the course server's continuous batching admits newcomers at the next step. vLLM and
+# llama.cpp's own C++ `llama-server` (`--parallel`) batch as the course server does.
 
 # %% [markdown]
 # ### The chat model behind the server
@@ -1179,10 +1388,14 @@ ch06.check_decode_ceiling(
 # * Static batching pays for its longest answer in every batch; continuous batching refills slots every step
 #   and raises throughput while lowering the TTFT tail. A simulator with a fitted step cost, driving the same
 #   scheduler, predicts the engine within the noise of the machine and sweeps load in seconds.
-# * Chunked prefill bounds the stall a long prompt causes; preemption (recompute or swap) keeps the server
+# * Padding a batch to its longest prompt computes the pads; length buckets recover part of that, packed
+#   (varlen) prefill all of it.
+# * Chunked prefill bounds the stall a long prompt causes; priority admission buys an interactive class its
+#   TTFT while a queue exists, and the batch class pays; preemption (recompute or swap) keeps the server
 #   alive when KV runs out; prefix caching skips the shared part of prompts.
-# * Disaggregation separates prefill and decode at the price of shipping the KV cache; it pays under tight TPOT
-#   targets and long prompts.
+# * Disaggregation separates prefill and decode at the price of shipping the KV cache; it beats colocated GPUs
+#   that prefill first under tight TPOT targets and long prompts, and the chapter's verdict says whether it also
+#   beats colocated GPUs with chunked prefill, the baseline to beat.
 # * A real server adds queueing, streaming and metrics, and its own cost per token; a cache in front of it
 #   saves whole requests, and a semantic cache can serve a wrong answer.
 # * Behind the same server a chat model streams its answer to the official `openai` client; its JSON is as

@@ -18,7 +18,8 @@ running sequence is preempted (``preemption``): "recompute" frees its KV and rec
 it is re-admitted; "swap" copies its KV to host memory (``backend.swap_out``) and back when re-admitted
 (``backend.swap_in``), trading PCIe bytes for recomputed FLOPs. With a backend that has
 ``prefix_caching`` (``PagedBackend(prefix_caching=True)``), a request starts on the cached blocks of its
-longest matching prefix (``backend.allocate_prefix``) and processes only the rest.
+longest matching prefix (``backend.allocate_prefix``) and processes only the rest. ``admission="priority"``
+admits waiting requests by ``Sequence.priority`` (lower first, FCFS within a class) instead of arrival order.
 
 Driving it without a model (``course_lib.serving.simulator``): ``add(seq)``, then per step
 ``batch = schedule(now)`` with the simulated clock (``now=None`` reads ``time.perf_counter()``, the
@@ -42,6 +43,7 @@ from course_lib.engine.sequence import Sequence, SequenceStatus
 
 POLICIES = ("static", "continuous", "dynamic")
 PREEMPTION_MODES = ("recompute", "swap")
+ADMISSIONS = ("fcfs", "priority")
 
 
 @dataclass
@@ -56,10 +58,13 @@ class SchedulerConfig:
     max_kv_tokens: int | None = None  # KV budget in tokens over all sequences; default: max_num_seqs × max_model_len
     max_wait_s: float = 0.05  # dynamic: the longest the oldest waiting request is held for a fuller batch
     preemption: str = "recompute"  # "recompute" (free the KV) or "swap" (copy it to host memory and back)
+    admission: str = "fcfs"  # "priority": waiting requests are admitted lowest Sequence.priority first (FCFS within)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"SchedulerConfig.policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"SchedulerConfig.admission must be one of {ADMISSIONS}, got {self.admission!r}")
         if self.preemption not in PREEMPTION_MODES:
             raise ValueError(f"SchedulerConfig.preemption must be one of {PREEMPTION_MODES}, got {self.preemption!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
@@ -183,6 +188,8 @@ class Scheduler:
         if self.wait_time(now) > 0:
             return batch
         refused = False
+        if cfg.admission == "priority" and len(self.waiting) > 1:  # stable: first come first served within a class
+            self.waiting = deque(sorted(self.waiting, key=lambda s: s.priority))
         while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             if cfg.policy != "continuous" and self._batch_admitted >= cfg.max_num_seqs:
                 break  # a static batch is full once it has taken max_num_seqs, even if some finished already

@@ -61,6 +61,7 @@ class Sequence:
         self.first_scheduled: float | None = None  # when the scheduler first admitted it (queue time = − arrival)
         self.cumulative_logprob = 0.0  # sum of its tokens' raw log-probs (kept when params.logprobs is set)
         self.parent: str | int | None = None  # for sample j ≥ 1 of a request with params.n > 1: that request's id
+        self.priority = 0  # SchedulerConfig(admission="priority") admits lower values first
         self.forked = False  # params.n > 1: its other samples exist (forked when its prompt was done)
         self.grammar = None  # params.structured: its structured.Grammar (the matcher follows its output)
 

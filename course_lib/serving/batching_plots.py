@@ -1,6 +1,6 @@
 """Figures for chapter 06's batching sections: measured continuous ÷ static gains beside the trace's step
-bound (``step_bound``), so a reader sees how much of the possible gain a machine's step cost let through.
-Introduced in 06_batching_serving.ipynb."""
+bound (``step_bound``), so a reader sees how much of the possible gain a machine's step cost let through;
+``plot_bars``, labelled bars for the results that were tables only. Introduced in 06_batching_serving.ipynb."""
 
 from __future__ import annotations
 
@@ -48,4 +48,24 @@ def plot_gain_vs_bound(rows, ax=None, title: str | None = None):
     ax.legend(handles=handles, fontsize=7, loc="upper left")
     ax.set_title(title or "Continuous batching's gain against the most its trace allows")
     ax.set_xlim(-0.7, cur - 1.0)
+    return ax
+
+
+def plot_bars(values: dict, ylabel: str, title: str, ax=None, fmt: str = "{:.3g}", spread: dict | None = None):
+    """One labelled bar per entry of ``values`` ({name: number}), its value written on top; ``spread``
+    ({name: relative spread}) draws each bar's run-to-run spread as an error bar. For the chapter's results
+    that were tables only (prefix caching, preemption, server overhead, padding)."""
+    if not values or not all(isinstance(v, (int, float)) for v in values.values()):
+        raise ValueError("values must be a non-empty {name: number} dict")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.2, 3.0), dpi=80)
+    names = list(values)
+    ys = [float(values[n]) for n in names]
+    err = [ys[i] * spread.get(n, 0.0) for i, n in enumerate(names)] if spread else None
+    ax.bar(range(len(names)), ys, color=[f"C{i}" for i in range(len(names))], yerr=err, capsize=4 if err else 0)
+    for i, y in enumerate(ys):
+        ax.text(i, y, fmt.format(y), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(names)), names, fontsize=8)
+    ax.set(ylabel=ylabel, title=title)
+    ax.title.set_fontsize(9)
     return ax

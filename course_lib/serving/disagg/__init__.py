@@ -17,11 +17,13 @@ The parts:
   queue (shared memory on a CPU); every transfer is accounted (``KVTransfer``). ``colocated``: the
   one-engine baseline, ``serve_colocated``; ``run``: the ``ServingRun`` both return.
 - ``simulate``: ``simulate_colocated`` / ``simulate_disaggregated``, a discrete-event model at a real scale
-  (a Llama-3-8B preset on datasheet H100s) that shows when disaggregation pays; ``sweep`` (``sweep_rates``,
-  ``max_goodput_per_gpu``) and ``plot`` (``plot_disagg_sweep``) for the notebook.
+  (a Llama-3-8B preset on datasheet H100s) that shows when disaggregation pays; ``chunked``: the
+  colocated baseline with chunked prefill (``simulate_colocated_chunked``, ``best_chunk_budget``); ``sweep`` (``sweep_rates``,
+  ``max_goodput_per_gpu``, ``goodput_margin``, ``side_by_side``) and ``plot`` (``plot_disagg_sweep``) for the notebook.
 Introduced in 06_batching_serving.ipynb.
 """
 
+from course_lib.serving.disagg.chunked import best_chunk_budget, simulate_colocated_chunked
 from course_lib.serving.disagg.colocated import serve_colocated
 from course_lib.serving.disagg.handover import (
     INFINIBAND_NDR_GBPS,
@@ -35,24 +37,13 @@ from course_lib.serving.disagg.plot import plot_disagg_sweep
 from course_lib.serving.disagg.run import ServingRun
 from course_lib.serving.disagg.server import DisaggregatedServer, WorkerError
 from course_lib.serving.disagg.simulate import SimConfig, SimResult, simulate_colocated, simulate_disaggregated
-from course_lib.serving.disagg.sweep import max_goodput_per_gpu, sweep_rates
+from course_lib.serving.disagg.sweep import goodput_margin, max_goodput_per_gpu, side_by_side, sweep_rates
 
+# fmt: off
 __all__ = [
-    "DisaggregatedServer",
-    "INFINIBAND_NDR_GBPS",
-    "KVTransfer",
-    "ServingRun",
-    "SimConfig",
-    "SimResult",
-    "WorkerError",
-    "extract_kv",
-    "install_kv",
-    "kv_transfer_bytes",
-    "link_gbps",
-    "max_goodput_per_gpu",
-    "plot_disagg_sweep",
-    "serve_colocated",
-    "simulate_colocated",
-    "simulate_disaggregated",
-    "sweep_rates",
+    "DisaggregatedServer", "INFINIBAND_NDR_GBPS", "KVTransfer", "ServingRun", "SimConfig", "SimResult",
+    "WorkerError", "best_chunk_budget", "extract_kv", "goodput_margin", "install_kv", "kv_transfer_bytes",
+    "link_gbps", "max_goodput_per_gpu", "plot_disagg_sweep", "serve_colocated", "side_by_side",
+    "simulate_colocated", "simulate_colocated_chunked", "simulate_disaggregated", "sweep_rates",
 ]
+# fmt: on

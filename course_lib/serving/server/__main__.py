@@ -23,15 +23,25 @@ def main(argv=None) -> None:
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--engine-process", action="store_true", help="run the engine in a process of its own")
     ap.add_argument("--threads", type=int, default=None, help="torch threads of the engine")
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="sequences per step (the KV cache's slots)")
+    ap.add_argument("--max-model-len", type=int, default=None, help="tokens per sequence the KV cache holds")
     args = ap.parse_args(argv)
+    for name in ("threads", "max_num_seqs", "max_model_len"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    sizes = {k: getattr(args, k) for k in ("max_num_seqs", "max_model_len") if getattr(args, k) is not None}
+    from course_lib.engine.scheduler import SchedulerConfig
+
     if args.engine_process:
-        engine = EngineProcess(args.model, threads=args.threads)
+        extra = {"config": SchedulerConfig(**sizes)} if sizes else {}
+        engine = EngineProcess(args.model, threads=args.threads, **extra)
     else:
         if args.threads:
             import torch
 
             torch.set_num_threads(args.threads)
-        engine = Engine(args.model)
+        engine = Engine(args.model, config=SchedulerConfig(**sizes) if sizes else None)
     with serve(
         engine,
         args.host,

@@ -39,13 +39,15 @@ def simulate(
     slo: SLO | None = None,
     pool: SequenceABC[int] | None = None,
     prefix_caching: bool = False,
+    priorities: SequenceABC[int] | None = None,
 ) -> RunResult:
     """Replay ``trace`` through the engine's ``Scheduler`` on a virtual clock: each step costs
     ``cost_model.batch_time(batch)``; every request generates exactly ``max_new_tokens`` (EOS ignored).
     Arrivals join between steps, as in the real loop; when nothing can run the clock jumps to the next
     arrival (or to the oldest waiting request's ``max_wait_s`` deadline under a dynamic policy).
     ``pool``: token ids for the prompts (only their identity matters, for prefix caching); default a
-    synthetic pool."""
+    synthetic pool. ``priorities``: one int per request (lower first), read by
+    ``SchedulerConfig(admission="priority")``."""
     if not isinstance(cost_model, CostModel):
         raise ValueError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
     if not isinstance(config, SchedulerConfig):
@@ -63,6 +65,12 @@ def simulate(
         Sequence(i, p, SamplingParams(max_new_tokens=r.max_new_tokens, ignore_eos=True), r.arrival_s)
         for i, (r, p) in enumerate(zip(trace.requests, ids))
     ]
+    if priorities is not None:
+        priorities = list(priorities)
+        if len(priorities) != len(seqs) or any(not isinstance(q, int) or isinstance(q, bool) for q in priorities):
+            raise ValueError(f"priorities must be one int per request of the trace ({len(seqs)}), got {priorities!r}")
+        for seq, q in zip(seqs, priorities):
+            seq.priority = q
     max_wait = getattr(config, "max_wait_s", None)
     bpt = backend.bytes_per_token
     capacity = kv_capacity(backend)
