@@ -451,7 +451,6 @@ for shape in (smol_shape, PRESETS["llama-3-8b"]):
 # %%
 # NBVAL_IGNORE_OUTPUT
 from course_lib.engine.attention.paged import PagedBackend  # noqa: E402
-from course_lib.measure.claims import relative_spread  # noqa: E402
 
 off_T = pick(128, 2048)
 off_pool = PagedBackend(smol_shape.num_layers, smol_shape.num_kv_heads, smol_shape.head_dim, off_T // 16 + 1, 16)
@@ -463,13 +462,7 @@ print(
     f"(predicted {2 * off_bytes / (peaks.copy_gbs * 1e9) * 1e3:.1f} ms each at the measured copy bandwidth "
     f"{peaks.copy_gbs:.1f} GB/s); recompute by prefill {min(t_pre) * 1e3:.0f} ms"
 )
-claim(
-    "on this CPU, copying the cache back beats recomputing it by ≥ 10×",
-    min(t_pre) / t_in,
-    at_least=10,
-    why_not="a neighbour slowed the copy, or the prefill ran at a much higher FLOP rate than the copy's bandwidth",
-    spread=relative_spread(t_pre),
-)
+offload.copy_verdict(t_pre, t_in)
 
 # %%
 del smol  # the chat model's part of the chapter ends here: free its weights and cache
@@ -1099,13 +1092,7 @@ print(
     f"slab fork predicted: {ops[0].fork_bytes / 1e6:.1f} MB read and written at {peaks.copy_gbs:.1f} GB/s = "
     f"{2 * ops[0].fork_bytes / (peaks.copy_gbs * 1e9) * 1e6:,.0f} µs"
 )
-claim(
-    f"a paged fork costs < 1/10 of a contiguous fork at {ops_T} tokens",
-    ops[1].fork_s / ops[0].fork_s,
-    at_most=0.1,
-    why_not="the slab's copy is so short here that Python's per-call overhead dominates both",
-    spread=max(ops[0].fork_spread, ops[1].fork_spread),
-)
+cache_ops.fork_verdict(*ops)
 
 # %% [markdown]
 # Which of a prompt's tokens already have K/V is a **longest-prefix match**. The engine answers it with a hash
@@ -1142,13 +1129,7 @@ ax.set_title("Prefix hits: token-granular matching wins only with room to spare"
 ax.legend(fontsize=8)
 plt.show()
 small = hits[caps.index(2048)]
-claim(
-    "at 2,048 tokens of cache the radix tree hits at least as often as hash blocks",
-    small.radix - small.block,
-    at_least=0.0,
-    why_not="the tree evicts whole leaves (a turn and its answer, hundreds of tokens) when it needs only a few, "
-    "so it runs below its capacity, where the block pool evicts 16 tokens at a time",
-)
+radix.eviction_verdict(small)
 
 # %% [markdown]
 # ## 6 · Exercises

@@ -158,3 +158,16 @@ def test_measure_swap_round_trips():
     t_out, t_in, nbytes = offload.measure_swap(pool, 10, repeats=2)
     assert t_out > 0 and t_in > 0 and nbytes == 3 * pool.bytes_per_block
     assert pool.blocks.num_free == 8
+
+
+def test_notebook_verdicts_hold_and_fail():
+    fast = cache_ops.OpTimes("contiguous", 64, 1e-6, 1e-3, 1e-6, 100, 0.05)
+    table = cache_ops.OpTimes("paged", 64, 1e-6, 1e-5, 1e-6, 0, 0.05)
+    assert cache_ops.fork_verdict(fast, table)
+    assert not cache_ops.fork_verdict(fast, cache_ops.OpTimes("paged", 64, 1e-6, 5e-4, 1e-6, 0, 0.05))
+    with pytest.raises(ValueError, match="one length"):
+        cache_ops.fork_verdict(fast, cache_ops.OpTimes("paged", 65, 1e-6, 1e-5, 1e-6, 0, 0.05))
+    assert offload.copy_verdict([1.0, 1.1], 0.01)
+    assert not offload.copy_verdict([1.0, 1.1], 0.5)
+    win = radix.HitRates(100, 60, 50, 16, 2048, 5)
+    assert radix.eviction_verdict(win) and not radix.eviction_verdict(radix.HitRates(100, 50, 60, 16, 2048, 5))

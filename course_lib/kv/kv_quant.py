@@ -1,13 +1,14 @@
 """KV-cache quantization: int8/int4 absmax or fp8-e4m3 storage of K and V, its bytes and its price in quality.
 
 A decode step reads the whole cache, so storing it in fewer bits is bandwidth and capacity at once. Absmax
-quantization keeps one scale per group: per *token* (one scale per token and KV head, over ``head_dim``:
-each token is quantized once, when it is written, as vLLM's and TensorRT-LLM's int8 caches do) or per
-*channel* (one scale per channel over a group of tokens). KIVI (Liu et al., 2024) and KVQuant (Hooper et
-al., 2024) found that keys have outlier *channels*, so they quantize K per channel and V per token;
-:func:`roundtrip_error` measures that on real tensors. fp8-e4m3 (1 sign, 4 exponent, 3 mantissa bits) needs
-no integer scale grid; here it uses vLLM's default per-tensor scale of 1.0. The keys are quantized after
-RoPE, as the engine's cache holds them (KVQuant quantizes them before RoPE, where their channels are steadier). :class:`QuantizedKVBackend` is
+quantization keeps one scale per group: per *token* (one scale per token and KV head, over ``head_dim``;
+each token is quantized once, when it is written, as LMDeploy's online int8/int4 cache does, where vLLM's
+fp8 and TensorRT-LLM's int8 caches use one calibrated scale per tensor) or per *channel* (one scale per
+channel over a group of tokens). KIVI (Liu et al., 2024) and KVQuant (Hooper et al., 2024) found that keys
+have outlier *channels*, so they quantize K per channel and V per token; :func:`roundtrip_error` measures
+that on real tensors. fp8-e4m3 (1 sign, 4 exponent, 3 mantissa bits) needs no integer grid; here it uses
+vLLM's default per-tensor scale of 1.0. Keys are quantized after RoPE, as the engine's cache holds them
+(KVQuant quantizes them before RoPE, where their channels are steadier). :class:`QuantizedKVBackend` is
 the engine's contiguous cache with every written token's K/V round-tripped through the chosen format
 (storage simulated in fp32: the values attention reads are exactly those a quantized cache would return;
 the bytes come from :func:`quantize` on the same tensors). :func:`cache_perplexity` scores a text through
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from course_lib.engine.attention.contiguous import ContiguousBackend
+from course_lib.kv.checks import check_int
 
 SCHEMES = ("fp32", "int8-token", "int4-token", "int8-channel", "int4-channel", "fp8-e4m3")
 PER_TOKEN = ("fp32", "int8-token", "int4-token", "fp8-e4m3")  # what a cache written token by token can do
@@ -104,9 +106,13 @@ def predicted_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
     ``head_dim`` 2-byte scales per head per group of ``group`` tokens (per channel)."""
     _check_scheme(scheme)
     bits = _bits(scheme)
-    scale = (
-        0.0 if bits in (32,) or scheme == "fp8-e4m3" else (2.0 if scheme.endswith("token") else 2.0 * head_dim / group)
-    )
+    if scheme in ("fp32", "fp8-e4m3"):
+        scale = 0.0  # no scales (fp8: one per-tensor scale, nothing per token)
+    elif scheme.endswith("token"):
+        scale = 2.0  # one fp16 scale per token and head
+    else:
+        check_int("group", group, 1)
+        scale = 2.0 * head_dim / group  # head_dim fp16 scales shared by `group` tokens
     return 2 * num_layers * num_kv_heads * (head_dim * bits / 8 + scale)
 
 

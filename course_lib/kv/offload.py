@@ -107,3 +107,17 @@ def measure_prefill(engine, ids, repeats: int = 3) -> list[float]:
         finally:
             kv.free(h)
     return out
+
+
+def copy_verdict(prefill_s, swap_in_s: float):
+    """The chapter's claim on this machine: copying the cache back beats recomputing it by ≥ 10×."""
+    from course_lib.measure.claims import claim, relative_spread
+
+    prefill_s = list(prefill_s)
+    return claim(
+        "on this CPU, copying the cache back beats recomputing it by ≥ 10×",
+        min(prefill_s) / swap_in_s,
+        at_least=10,
+        why_not="a neighbour slowed the copy, or the prefill ran at a much higher FLOP rate than the copy's bandwidth",
+        spread=relative_spread(prefill_s) if len(prefill_s) > 1 else None,
+    )

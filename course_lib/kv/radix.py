@@ -183,3 +183,16 @@ def hit_rates(stream, capacity: int, block_size: int = 16) -> HitRates:
         bm.free_seq(seq)
         radix.insert(served)
     return HitRates(total, r_hits, b_hits, block_size, capacity, tail)
+
+
+def eviction_verdict(h: HitRates):
+    """The claim at a capacity that forces eviction: the radix tree hits at least as often as hash blocks."""
+    from course_lib.measure.claims import claim
+
+    return claim(
+        f"at {h.capacity:,} tokens of cache the radix tree hits at least as often as hash blocks",
+        h.radix - h.block,
+        at_least=0.0,
+        why_not="the tree evicts whole leaves (a turn and its answer, hundreds of tokens) when it needs only a "
+        "few, so it runs below its capacity, where the block pool evicts 16 tokens at a time",
+    )
