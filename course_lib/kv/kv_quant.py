@@ -316,7 +316,8 @@ def verdicts(rows: list[dict], label: str = "") -> list:
             f"{label}at 4 bits, per-token values err ≥ 1.1× less than per-channel values (KIVI)",
             by["int4-channel"]["v_error"] / by["int4-token"]["v_error"],
             at_least=1.1,
-            why_not="over a short text a channel's scale spans few tokens, so per channel is nearly per token",
+            why_not="over a short text each channel's scale covers few tokens and stays tight; over a long one "
+            "an outlier token sets it for every token of the group",
         )
     )
     return out

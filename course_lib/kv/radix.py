@@ -147,6 +147,7 @@ class HitRates:
     block_size: int
     capacity: int
     tail_bound: int  # Σ over requests of the radix match's tokens past its last full block: what blocks cannot share
+    radix_fill: float = 1.0  # the tree's mean tokens held after each insert / capacity (whole-leaf eviction)
 
     @property
     def radix(self) -> float:
@@ -171,6 +172,7 @@ def hit_rates(stream, capacity: int, block_size: int = 16) -> HitRates:
         )
     radix, bm = RadixCache(capacity), BlockManager(capacity // block_size, block_size)
     total = r_hits = b_hits = tail = 0
+    held = 0
     for prompt, served in stream:
         total += len(prompt)
         r = min(radix.match(prompt), len(prompt) - 1)
@@ -182,7 +184,8 @@ def hit_rates(stream, capacity: int, block_size: int = 16) -> HitRates:
         bm.cache_blocks(seq, served, len(served))
         bm.free_seq(seq)
         radix.insert(served)
-    return HitRates(total, r_hits, b_hits, block_size, capacity, tail)
+        held += radix.tokens
+    return HitRates(total, r_hits, b_hits, block_size, capacity, tail, held / len(stream) / capacity)
 
 
 def eviction_verdict(h: HitRates):
@@ -193,6 +196,6 @@ def eviction_verdict(h: HitRates):
         f"at {h.capacity:,} tokens of cache the radix tree hits at least as often as hash blocks",
         h.radix - h.block,
         at_least=0.0,
-        why_not="the tree evicts whole leaves (a turn and its answer, hundreds of tokens) when it needs only a "
-        "few, so it runs below its capacity, where the block pool evicts 16 tokens at a time",
+        why_not=f"the tree evicts whole leaves (a turn and its answer, hundreds of tokens) when it needs only a "
+        f"few, so it held {h.radix_fill:.0%} of its capacity on average, where the block pool evicts 16 tokens at a time",
     )
