@@ -11,7 +11,8 @@
 #   1. the kernel tests with the Triton compiler (TRITON_INTERPRET=0): flash attention, paged decode,
 #      int8/int4 matmul, 2:4 pruning, the intensity kernel, transfers, hardware and model loading on CUDA;
 #   2. the GPU's measured peaks (copy bandwidth, matmul FLOP/s per dtype): chapter 00's roofline;
-#   3. benchmarks/flash_attention_gpu.py and benchmarks/quant_kernels_gpu.py (JSON into $OUT);
+#   3. benchmarks/flash_attention_gpu.py, benchmarks/quant_kernels_gpu.py and benchmarks/flash_decoding_gpu.py
+#      (JSON into $OUT);
 #   4. benchmarks/serving_policies.py --quick on CUDA (continuous vs static batching, sim vs real);
 #   5. benchmarks/engine_vs_hf.py on CUDA (greedy identity and speed);
 #   6. every notebook in full mode, run as a script (jupytext percent files are plain Python), each under
@@ -64,7 +65,7 @@ cat "$OUT/env.log"
 
 if [ "$PART" != notebooks ]; then
     step tests 170 $PY -m pytest -q -p no:cacheprovider -o addopts= --timeout 90 --junitxml="$OUT/tests.xml" \
-        tests/test_flash_attention.py tests/test_paged.py tests/test_quant_matmul.py tests/test_prune.py \
+        tests/test_flash_attention.py tests/test_flash_decoding.py tests/test_paged.py tests/test_quant_matmul.py tests/test_prune.py \
         tests/test_intensity_kernel.py tests/test_transfer.py tests/test_hardware.py tests/test_models.py
     step peaks 60 $PY -c "
 import json, os
@@ -77,6 +78,7 @@ json.dump(dataclasses.asdict(p), open(os.environ['OUT'] + '/peaks.json', 'w'), i
     "
     step flash 100 $PY benchmarks/flash_attention_gpu.py --out "$OUT/flash_attention.json" --rep 40
     step quant 70 $PY benchmarks/quant_kernels_gpu.py --out "$OUT/quant_kernels.json" --rep 40
+    step flash_decoding 40 $PY benchmarks/flash_decoding_gpu.py --out "$OUT/flash_decoding.json" --rep 20
     step serving 110 $PY benchmarks/serving_policies.py --quick --device cuda
     step engine_vs_hf 45 $PY benchmarks/engine_vs_hf.py --device cuda --repeats 3 --json "$OUT/engine_vs_hf.json"
 fi

@@ -70,7 +70,10 @@ if "google.colab" in sys.modules:
 #   "uptraining" buys back;
 # * FlashAttention: the online softmax, a Triton kernel, and the memory it does not allocate;
 # * PagedAttention: blocks, block tables, reference counts and copy-on-write, and the memory they stop
-#   wasting.
+#   wasting;
+# * fewer bits per token (an int8 / fp8 cache, and why KIVI scales keys per channel), host offload against
+#   recompute, Flash-Decoding's split keys for batch-1 decode, and the cache as a data structure: fork costs,
+#   and a radix prefix tree beside hash blocks.
 #
 # **Models in this chapter.** Two, each where it decides the lesson:
 #
@@ -79,7 +82,9 @@ if "google.colab" in sys.modules:
 #   wherever the regime matters: its fp32 weights (538 MB) are far larger than a CPU's last-level cache, so a
 #   cached decode step streams them from memory as a GPU's does (section 1), its cache is a real GQA cache
 #   with an 8k window to size against real memories, and a paged pool serves its real shapes (both in
-#   section 2; section 5 builds the pool on tiny-target). In quick mode its engine gets a short
+#   section 2; section 5 builds the pool on tiny-target); its real K/V are what a quantized cache must hold
+#   and its prefill is what offloading saves (section 2); section 5's fork timing uses its KV shape, no
+#   weights. In quick mode its engine gets a short
 #   `max_model_len`, and on a CPU its weights live only in oneDNN's packed layout (`linear="packed"`):
 #   one contiguous row of the full window (its size is printed in section 1), or the plain weights kept
 #   beside the packed copy (`linear="auto"`), would each push the chapter past the 1.5 GB a Binder session has.
@@ -328,6 +333,138 @@ print(
     f"the pool reserved {smol_run.paged_peak / smol_run.contiguous_peak:.1%} of the slab's bytes at max_model_len "
     f"{smol_run.max_model_len}, {smol_run.paged_peak / smol_run.contiguous_at_context:.2%} of a slab at the full window"
 )
+
+# %% [markdown]
+# ### Fewer bits per token: a quantized cache
+#
+# The cache can also store each number in fewer bits. vLLM's `kv_cache_dtype="fp8"` and TensorRT-LLM's int8 KV
+# cache keep one value in one byte; KIVI (Liu et al., 2024) and KVQuant (Hooper et al., 2024) go to 4 and
+# 2 bits and make one point about *how*: keys have a few outlier **channels**, so a scale per channel (over a
+# group of tokens) fits them better than a scale per token, while values are best scaled per token. A cache
+# written one token at a time can only do per-token scales as it writes (KIVI keeps the newest tokens in full
+# precision until a group fills). `kv.kv_quant` quantizes with absmax scales (fp16, per token and KV head, or
+# per channel over the text) or to fp8-e4m3 (vLLM's default scale 1.0), and serves the chat model through a
+# **quantized engine path**: the contiguous cache with every written K/V round-tripped through the format, so
+# attention reads exactly what such a cache would hold (the storage itself stays fp32 here; the bytes are
+# measured on the quantized tensors of the same K/V). *Predict:* bytes per token of SmolLM2's cache in int8
+# with one 2-byte scale per token and KV head (fp32 is 46,080).
+
+# %%
+my_int8_kv_bytes = None  # B/token
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from course_lib.kv import kv_quant  # noqa: E402
+from course_lib.kv.sliding_window import held_out_ids  # noqa: E402
+
+kvq_T = pick(128, 2048)
+kvq_rows = kv_quant.kv_quant_rows(smol, held_out_ids(smol.tokenizer, kvq_T))
+print(f"measured here: SmolLM2 on the first {kvq_T} tokens of the held-out text (the real K/V its cache holds)")
+print(kv_quant.format_rows(kvq_rows))
+kvq = {r["scheme"]: r for r in kvq_rows}
+compare_prediction(
+    "int8 per-token KV bytes per token",
+    my_int8_kv_bytes,
+    theory=kvq["int8-token"]["bytes_per_token_predicted"],
+    measured=kvq["int8-token"]["bytes_per_token_measured"],
+)
+kvq_budget = budget.gpu_budget(smol_shape, "H200 SXM")
+bf16_tok = kv_bytes_per_token(smol_shape, "bf16")
+print(f"8,192-token conversations in {kvq_budget.kv_bytes / 1e9:.1f} GB of H200 KV budget ({kvq_budget.source}):")
+for name, per in [("bf16", bf16_tok)] + [(s, kvq[s]["bytes_per_token_measured"]) for s in ("int8-token", "fp8-e4m3")]:
+    print(f"  {name:<11} {per:>8,.0f} B/token → {int(kvq_budget.kv_bytes // (per * smol_shape.max_position)):>6,}")
+_ = kv_quant.verdicts(kvq_rows, label=f"{kvq_T} tokens, here: ")
+
+# %% [markdown]
+# The recorded run on the 2,048-token text (quick mode cannot afford its prefills), with the greedy test: the
+# chat answers generated through each quantized cache, compared token by token with the fp32 cache's until the
+# first difference.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import json  # noqa: E402
+
+from course_lib import data_dir  # noqa: E402
+
+kvq_run = json.loads((data_dir() / "measurements" / "smollm2-kv-quant.json").read_text())
+print(f"recorded on {kvq_run['machine']}, {kvq_run['measured']}: `{kvq_run['command']}`")
+print(kv_quant.format_rows(kvq_run["rows"]))
+for s, share in kvq_run["greedy_agreement"].items():
+    print(f"  greedy through the {s} cache: {share:.0%} of {kvq_run['greedy_new_tokens']}-token answers as fp32's")
+sw_full = json.loads((data_dir() / "measurements" / "smollm2-sliding-window.json").read_text())["rows"][0]["ppl"]
+print(
+    f"reference: fp32 through the engine's cache {kvq_run['rows'][0]['ppl']:.4f}; the HF model's full-attention "
+    f"perplexity on the same text (smollm2-sliding-window.json) {sw_full:.4f}"
+)
+_ = kv_quant.verdicts(kvq_run["rows"], label=f"{kvq_run['tokens']} tokens, recorded: ")
+
+# %% [markdown]
+# Quantization error is relative to each scale's group: where one channel of the keys is much larger than the
+# rest, a per-token scale spends its grid on that channel and rounds the others coarsely, which is what the
+# int4 columns show. int8 and fp8 halve a bf16 cache (a quarter of fp32) and move perplexity by the amounts
+# printed; the top-1 column is teacher-forced (the next token each cache would pick at every position of the
+# text), the greedy lines free-running, where one early difference changes every token after it.
+
+# %% [markdown]
+# ### Where else the cache can live: host memory
+#
+# A paused or preempted conversation can keep its cache in host memory (vLLM's swap space, LMCache, SGLang's
+# hierarchical cache) or drop it and prefill the tokens again when it returns. Copying N tokens back costs
+# b · N / PCIe bandwidth; recomputing costs the prefill's 2 · params · N FLOPs plus attention's
+# 2 · layers · heads · head_dim · N², at the rate the GPU achieves (`kv.offload`). Predicted on an H100 over
+# PCIe 5.0 x16 (`data/interconnects.json`), recompute at the datasheet's bf16 peak, its best case:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from course_lib.kv import offload  # noqa: E402
+from course_lib.kv.checks import resolve_gpu  # noqa: E402
+from course_lib.models.accounting import PRESETS, param_count  # noqa: E402
+
+pcie = offload.link("pcie5_x16")
+h100 = resolve_gpu("H100 SXM")
+for shape in (smol_shape, PRESETS["llama-3-8b"]):
+    om = offload.OffloadModel(
+        kv_bytes_per_token(shape, "bf16"),
+        param_count(shape),
+        shape.num_layers,
+        shape.num_heads,
+        shape.head_dim,
+        pcie["gbps"] * 1e9,
+        pcie["latency_us"] * 1e-6,
+        h100.tflops["bf16"] * 1e12,
+    )
+    be = offload.break_even_tokens(om)
+    print(
+        f"{shape.name:<24} 2,048 tokens: copy back {om.transfer_s(2048) * 1e3:6.2f} ms over {pcie['name']}, "
+        f"recompute {om.recompute_s(2048) * 1e3:6.2f} ms; "
+        + ("the copy wins at every length" if be == 0 else f"recompute is cheaper below {be:,.0f} tokens")
+    )
+
+# %% [markdown]
+# The ratio is bytes per token over FLOPs per token: Llama-3-8B stores 128 KiB per token but computes 16 GFLOP
+# for it, so the copy wins; SmolLM2's 135M parameters compute so little per token that at the datasheet peak
+# recomputing a short prompt is cheaper than fetching it, and attention's N² term turns that around only for
+# long prompts. This machine has no PCIe link to a GPU: its stand-in is the engine's own swap (`PagedBackend.swap_out`
+# / `swap_in`, a copy within DRAM here) against the engine's prefill of the same tokens, measured. Swap-out
+# allocates the host copy (fresh pages, first touched by the copy); swap-in writes into the pool's own pages.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from course_lib.engine.attention.paged import PagedBackend  # noqa: E402
+
+off_T = pick(128, 2048)
+off_pool = PagedBackend(smol_shape.num_layers, smol_shape.num_kv_heads, smol_shape.head_dim, off_T // 16 + 1, 16)
+t_out, t_in, off_bytes = offload.measure_swap(off_pool, off_T)
+del off_pool
+t_pre = offload.measure_prefill(smol, held_out_ids(smol.tokenizer, off_T).tolist(), repeats=pick(2, 3))
+print(
+    f"{off_T} tokens, {off_bytes / 1e6:.1f} MB of fp32 K/V: swap out {t_out * 1e3:.1f} ms, swap in {t_in * 1e3:.1f} ms "
+    f"(predicted {2 * off_bytes / (peaks.copy_gbs * 1e9) * 1e3:.1f} ms each at the measured copy bandwidth "
+    f"{peaks.copy_gbs:.1f} GB/s); recompute by prefill {min(t_pre) * 1e3:.0f} ms"
+)
+offload.copy_verdict(t_pre, t_in)
+
+# %%
 del smol  # the chat model's part of the chapter ends here: free its weights and cache
 _ = gc.collect()
 
@@ -712,6 +849,68 @@ print(
 )
 
 # %% [markdown]
+# ### Flash-Decoding: the decode-time form of FlashAttention
+#
+# FlashAttention parallelises over batch × heads × blocks of *queries*. A decode step has one query per head,
+# so at batch 1 a kernel that gives each (sequence, KV-head group) one program, as the paged-decode kernel of
+# section 5 does, launches 3 programs for SmolLM2 and 8 for Llama-3-8B, and each streams the whole cache alone
+# while the other SMs idle. **Flash-Decoding** (Dao, Haziza, Massa & Sizov, 2023) splits the *keys* into S
+# chunks too: each program returns its chunk's normalised output and log-sum-exp ℓ_s, and a tiny second pass
+# merges them exactly, o = Σ exp(ℓ_s − ℓ) · o_s (the online softmax's rescale, applied once across chunks;
+# `kernels.flash_decoding`). Predicted share of SMs busy at batch 1, from the SM counts in `data/gpu_specs.json`:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from course_lib.kernels import flash_decoding as fd  # noqa: E402
+
+for gpu, sms in fd.gpu_sms().items():
+    for mname, hkv in (("SmolLM2", smol_shape.num_kv_heads), ("Llama-3-8B", 8)):
+        S = fd.splits_to_fill(1, hkv, sms, 32768)
+        print(
+            f"{gpu:<10} {sms:>3} SMs, {mname:<10} ({hkv} KV heads), 32k-token cache: 1 split → "
+            f"{fd.sm_fill(1, hkv, 1, sms):5.1%} of SMs busy; {S:>2} splits → {fd.sm_fill(1, hkv, S, sms):.0%}"
+        )
+
+# %% [markdown]
+# The combine is where correctness lives: averaging the chunks' outputs is not attention, weighting them by
+# exp(ℓ_s − ℓ) is. On awkward shapes (a length that no split divides, more splits than keys, GQA groups of 3),
+# against PyTorch's SDPA; the Triton kernel runs in the interpreter on a CPU, on a tiny grid:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+g_fd = torch.Generator().manual_seed(3)
+for B, H, Hkv, L, d, S in ((1, 9, 3, 37, 64, 4), (2, 4, 1, 5, 16, 8), (1, 8, 2, 130, 32, 7)):
+    q = torch.randn(B, H, d, generator=g_fd)
+    k, v = torch.randn(B, Hkv, L, d, generator=g_fd) * 3, torch.randn(B, Hkv, L, d, generator=g_fd)
+    sd = torch.nn.functional.scaled_dot_product_attention(
+        q[:, :, None], k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+    )[:, :, 0]
+    parts, lse = fd.split_kv_partials_ref(q, k, v, S)
+    err_mean = float((parts.mean(-2) - sd).abs().max())
+    err_lse = float((fd.combine(parts, lse) - sd).abs().max())
+    line = (
+        f"B={B} H={H} Hkv={Hkv} L={L:>3} S={S}: plain mean of chunks off by {err_mean:.2f}; "
+        f"LSE combine = SDPA within 1e-5: {err_lse < 1e-5}"
+    )
+    if fa.HAS_TRITON and L <= 40:
+        tri = fd.flash_decoding(*(t.to(kernel_device) for t in (q, k, v)), S, path="triton").cpu()
+        line += f"; Triton {'= SDPA within 1e-4' if torch.allclose(tri, sd, atol=1e-4) else 'DIFFERS from SDPA'}"
+    print(line)
+
+# %% [markdown]
+# The speed is a GPU measurement (`benchmarks/flash_decoding_gpu.py`, a step of `benchmarks/gpu_check.sh`): one
+# split vs enough to fill the SMs, beside SDPA, for Llama-3-8B's decode shape at 4k-64k tokens.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+stored_fd = json.loads((data_dir() / "measurements" / "nvidia-h200.json").read_text()).get("flash_decoding")
+if stored_fd:
+    for r in stored_fd["rows"]:
+        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()})
+else:
+    print("not yet measured on a GPU: no 'flash_decoding' section in data/measurements/nvidia-h200.json")
+
+# %% [markdown]
 # ## 5 · PagedAttention
 #
 # The contiguous cache reserves `max_model_len` slots for every request when it starts, because it cannot
@@ -868,6 +1067,73 @@ print(
 )
 
 # %% [markdown]
+# ### The KV cache is a data structure
+#
+# Xiao & Zhu (*Foundations of LLMs*) insist the KV cache is not a hardware cache but a data structure the server
+# manages, and its operations cost what data structures cost. The slab finds token t of a sequence at
+# `row, t`; the pool through its block table, `table[t // 16]`, then offset `t % 16`. Appending a token is a
+# counter in both (plus a block from the free list every 16 tokens in the pool); freeing returns a row or a
+# list of blocks; **fork** (beam search, parallel sampling) copies the parent's whole K/V in the slab but only
+# its block table in the pool (reference counts; copy-on-write later). *Predict* the slab's fork from the bytes
+# it copies and this machine's copy bandwidth; timed on both with SmolLM2's KV shape (`kv.cache_ops`), best of
+# 7 repeats (a neighbour's burst only ever slows a copy; the spread says how much it did):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from course_lib.kv import cache_ops  # noqa: E402
+
+ops_T = pick(256, 2048)
+ops = [cache_ops.op_times(b, ops_T, repeats=7) for b in cache_ops.smollm2_backends(ops_T)]  # best of 7
+for o in ops:
+    print(
+        f"{o.backend:<11} {o.tokens} tokens: append {o.append_s * 1e6:6.1f} µs, fork {o.fork_s * 1e6:9.1f} µs "
+        f"(±{o.fork_spread:.0%}), free {o.free_s * 1e6:5.1f} µs"
+    )
+fork_pred = 2 * ops[0].fork_bytes / (peaks.copy_gbs * 1e9)
+print(
+    f"slab fork predicted: {ops[0].fork_bytes / 1e6:.1f} MB read and written at {peaks.copy_gbs:.1f} GB/s = "
+    f"{fork_pred * 1e6:,.0f} µs; measured {ops[0].fork_s / fork_pred:.1f}× that"
+)
+cache_ops.fork_verdict(*ops)
+
+# %% [markdown]
+# Which of a prompt's tokens already have K/V is a **longest-prefix match**. The engine answers it with a hash
+# per *full* block (chapter 06's prefix caching, vLLM's design): a block's name hashes its parent's name and its
+# 16 tokens, so a prompt's last partial block is never shared. SGLang's **RadixAttention** (Zheng et al., 2024)
+# keeps every cached sequence in a radix tree whose edges are runs of tokens: token-granular matches, and
+# eviction of the least recently used *leaves*, so a shared system prompt outlives the conversations branching
+# from it (`kv.radix`, tested against a brute-force longest-prefix search). One stream for both: conversations
+# sharing a 180-token system prompt, 1-5 turns each, every turn resending its history, arriving interleaved.
+# With room for everything, the tree wins by exactly the matched prefixes' partial blocks (a fact of the two
+# structures, printed); with less room the eviction policies decide, and either may win:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from course_lib.kv import radix  # noqa: E402
+
+stream = radix.multi_turn_stream(num_convs=24, system_len=180, seed=0)
+total_tok = sum(len(p) for p, _ in stream)
+print(f"{len(stream)} requests, {total_tok:,} prompt tokens")
+caps = [2048, 3072, 4096, 8192, 16384, 2**20]  # from the longest conversation up to room for all
+hits = [radix.hit_rates(stream, c, 16) for c in caps]
+for h in hits:
+    print(
+        f"  capacity {h.capacity:>9,} tokens: radix tree {h.radix:6.1%}, hash blocks {h.block:6.1%} "
+        f"(partial blocks' share {h.tail_bound / h.prompt_tokens:.1%}); the tree held {h.radix_fill:.0%} of its room"
+    )
+fig, ax = plt.subplots(figsize=(6, 3.5), dpi=80)
+ax.plot([h.capacity for h in hits], [h.radix for h in hits], "o-", label="radix tree (token-granular, LRU leaves)")
+ax.plot([h.capacity for h in hits], [h.block for h in hits], "s--", label="hash blocks of 16 (LRU freed blocks)")
+ax.set_xscale("log", base=2)
+ax.set_xlabel("cache capacity, tokens")
+ax.set_ylabel("prompt tokens found cached")
+ax.set_title("Prefix hits: token-granular matching wins only with room to spare")
+ax.legend(fontsize=8)
+plt.show()
+small = hits[caps.index(2048)]
+radix.eviction_verdict(small)
+
+# %% [markdown]
 # ## 6 · Exercises
 #
 # **Exercise 1.** KV-cache bytes per token of Llama-3-8B in bf16 (32 layers, 32 query heads, 8 KV heads of
@@ -954,3 +1220,8 @@ ch05.check_kv_stream_ms(answer, bandwidth=peaks.bandwidth, model="llama-2-7b", b
 # * PagedAttention allocates the cache in blocks: waste falls from most of the reservation to a few percent,
 #   forks share memory, and running out of blocks becomes a clean signal to preempt. Chapter 06 builds the
 #   scheduler on it.
+# * The cache can hold fewer bits (int8 and fp8 halve bf16's bytes at the perplexity printed; at 4 bits keys
+#   want per-channel scales, KIVI's point), live in host memory (worth it where a token's bytes over PCIe cost
+#   less than its FLOPs), and be read by more SMs at once (Flash-Decoding's split keys, merged exactly by
+#   their log-sum-exp). It is a data structure (Xiao & Zhu): a fork copies a slab but only a block table; a
+#   prefix lookup is a longest-prefix match, token-granular in a radix tree, block-granular in hashes.

@@ -53,22 +53,29 @@ def window_perplexity(model, ids: torch.Tensor, window: int | None, sinks: int =
     return math.exp(float(nll))
 
 
-def record(model_name: str = "smollm2-135m-instruct", T: int = 2048, windows=(64, 512), sinks: int = 4) -> dict:
-    """Perplexity of a held-out text of ``T`` tokens: full attention, each window without and with sinks."""
-    from course_lib.core.paths import data_dir
-    from course_lib.measure.hardware import detect_device
+def held_out_ids(tok, T: int) -> torch.Tensor:
+    """The first ``T`` tokens (1-D) of the held-out Python source, tokenized in 2,000-character chunks
+    (exactly as serving.workload.prompt_pool, a layer above)."""
     from course_lib.models.corpus import corpus_text
-    from course_lib.models.load import load_model
 
-    model, tok = load_model(model_name)
-    text, ids = corpus_text("val"), []  # held-out Python source, tokenized in 2,000-character chunks
-    for start in range(0, len(text), 2000):  # (exactly as serving.workload.prompt_pool, a layer above)
+    text, ids = corpus_text("val"), []
+    for start in range(0, len(text), 2000):
         ids += tok(text[start : start + 2000])["input_ids"]
         if len(ids) >= T:
             break
     if len(ids) < T:
         raise ValueError(f"the held-out text yields only {len(ids)} tokens, fewer than T={T}")
-    ids = torch.tensor(ids[:T])
+    return torch.tensor(ids[:T])
+
+
+def record(model_name: str = "smollm2-135m-instruct", T: int = 2048, windows=(64, 512), sinks: int = 4) -> dict:
+    """Perplexity of a held-out text of ``T`` tokens: full attention, each window without and with sinks."""
+    from course_lib.core.paths import data_dir
+    from course_lib.measure.hardware import detect_device
+    from course_lib.models.load import load_model
+
+    model, tok = load_model(model_name)
+    ids = held_out_ids(tok, T)
     rows = [{"window": None, "sinks": 0, "ppl": window_perplexity(model, ids, None)}]
     for w in windows:
         for s in (0, sinks):

@@ -22,6 +22,7 @@ SECTIONS = {  # section name → the file gpu_check.sh writes for it
     "peaks": "peaks.json",
     "flash_attention": "flash_attention.json",
     "quant_kernels": "quant_kernels.json",
+    "flash_decoding": "flash_decoding.json",
     "engine_vs_hf": "engine_vs_hf.json",
 }
 
