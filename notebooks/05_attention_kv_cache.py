@@ -200,6 +200,7 @@ smol = Engine(
     device=DEV,
     config=SchedulerConfig(max_model_len=pick(512, 8192), max_num_seqs=4),
     linear="packed" if DEV == "cpu" else "auto",
+    pack_tied_head=False,  # the tied LM head reads the embedding itself: no second 113 MB copy
 )
 row_bytes = smol.backend.bytes_per_token * smol.model.max_position
 print(
