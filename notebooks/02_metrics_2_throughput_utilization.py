@@ -397,7 +397,7 @@ else:
     print(f"STREAM triad now, same threads: {stream_now:.1f} GB/s (the roof of section 1: {BW / 1e9:.1f} GB/s)")
     print(gemv_roof.table(roof))
     errs = gemv_roof.bf16_activation_error()
-    print("int8/int4 kernels round activations to bf16; max error / max |y| vs fp32 activations: ", end="")
+    print("activations rounded (bf16: int8, int4; 8 bits: int8-dyn), max error / max |y| vs fp32 ones: ", end="")
     print(", ".join(f"{k} {v:.1e}" for k, v in errs.items()))
     gemv_verdicts = gemv_roof.roof_verdicts(roof)
     best = gemv_roof.best_by_format(roof)
@@ -439,6 +439,10 @@ plt.show()
 # llama.cpp's bars show what hand-written kernels reach on the same memory bus. The int8 and int4
 # kernels take bf16 activations to be fast (given fp32 activations they leave their vectorized path);
 # the printed error is what that rounding costs, to set beside the weights' own int8/int4 rounding.
+# The `int8-dyn` row goes one step further, as llama.cpp's own Q8_0 and Q4_1 kernels do (they round
+# each activation block to 8 bits before integer dot products): fbgemm's dynamic int8 linear
+# (`WeightOnlyLinear(..., path="dynamic")`, opt-in) multiplies integers on the same int8 bytes; compare
+# its GB/s and its printed error with the `int8` row's.
 # On a shared machine this run's GB/s fall with the load (printed beside them); the recorded rows
 # carry their own load average.
 

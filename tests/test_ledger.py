@@ -72,7 +72,11 @@ def test_ratios_statuses_and_sources(data):
 
 def test_at_most_goals_and_the_gpu_record(tmp_path):
     _write(tmp_path, L.SERVER, {"ratio": 1.2})
-    _write(tmp_path, L.GPU, {"gpu": "H200", "measured_on": "2026-11-30", "engine_vs_hf": [{"batch": 1, "step_ms_engine": 3.4}]})
+    _write(
+        tmp_path,
+        L.GPU,
+        {"gpu": "H200", "measured_on": "2026-11-30", "engine_vs_hf": [{"batch": 1, "step_ms_engine": 3.4}]},
+    )
     g = _by_goal(L.build_ledger(tmp_path))
     assert g["server p50 TPOT at 8 req/s ÷ in-process step at the same batch"]["status"] == "met"
     step = g["tiny-target decode step on the H200, ms (not a ratio)"]

@@ -4,7 +4,7 @@ A decode step is 1-4 rows times every weight, so each product's speed is the wei
 and the ceiling is the bandwidth a STREAM triad measures on the same machine (``measure.microbench``).
 ``gemv_roof`` times the engine's fp32 layers (``F.linear`` and oneDNN-packed ``PackedLinear``) and the
 weight-only int8 (per channel) and int4 (asymmetric groups of 32, llama.cpp's Q4_1) layers on their CPU
-paths, each cycling through enough copies of its weight to read ``working_set`` bytes (≥ 4× the LLC,
+paths (and ``int8-dyn``: the opt-in ``path="dynamic"``, int8 activations too), each cycling through enough copies of its weight to read ``working_set`` bytes (≥ 4× the LLC,
 so no format is served from the cache), and reports GB/s of weight bytes and the fraction of STREAM.
 ``bf16_activation_error`` measures what the int8/int4 CPU kernels' bf16 rounding of the activations
 costs against the fp32 reference. ``achieved_bandwidth`` turns recorded tokens/s (the engine and
@@ -19,9 +19,8 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from course_lib.compression.linear import WeightOnlyLinear, layer_bytes
+from course_lib.compression.linear import WeightOnlyLinear, dynamic_supports, layer_bytes
 from course_lib.compression.quantize import QuantConfig
 from course_lib.engine.layers import Linear, PackedLinear
 from course_lib.measure.claims import claim, relative_spread
@@ -68,39 +67,6 @@ class RoofRow:
         return relative_spread(self.samples) if len(self.samples) > 1 else 0.0
 
 
-class DynamicInt8Linear:
-    """int8 weights per channel AND int8 activations, quantized per call (fbgemm's
-    ``quantized.linear_dynamic``, torch's dynamic quantization): a candidate the engine does not use,
-    timed beside the weight-only kernels (VNNI integer dot products on the same int8 bytes); the price
-    is rounding the activations to 8 bits on every call (``bf16_activation_error`` measures it)."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        import warnings
-
-        if "fbgemm" not in torch.backends.quantized.supported_engines:
-            raise ValueError("DynamicInt8Linear needs torch's fbgemm quantized engine (an x86 CPU build)")
-        self.out_features, self.in_features = weight.shape
-        scale = (weight.abs().amax(1) / 127).clamp_min(1e-12).double()
-        with warnings.catch_warnings():  # torch marks quantized tensors deprecated (2.13)
-            warnings.simplefilter("ignore")
-            qw = torch.quantize_per_channel(weight, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
-            prev, torch.backends.quantized.engine = torch.backends.quantized.engine, "fbgemm"
-            try:
-                self._packed = torch.ops.quantized.linear_prepack(qw, None)
-            finally:
-                torch.backends.quantized.engine = prev
-        self._weight = weight
-        self._dequant = qw.dequantize()
-        self.path = "fbgemm int8 x int8"
-
-    def reference(self, x: torch.Tensor) -> torch.Tensor:
-        """The same int8 weight, fp32 activations."""
-        return F.linear(x, self._dequant)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(x, self._packed)
-
-
 def _check_int(name, v, low=1):
     if isinstance(v, bool) or not isinstance(v, int) or v < low:
         raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
@@ -111,17 +77,17 @@ def _make(fmt: str, w: torch.Tensor):
         return Linear(w)
     if fmt == "fp32 packed":
         return PackedLinear(w, rows_hint=4)
-    if fmt == "int8-dyn":
-        return DynamicInt8Linear(w)
+    if fmt == "int8-dyn":  # opt-in: int8 activations too (fbgemm), never chosen by path="auto"
+        return WeightOnlyLinear.from_linear(Linear(w), CONFIGS["int8"], path="dynamic")
     return WeightOnlyLinear.from_linear(Linear(w), CONFIGS[fmt], path="auto")
 
 
 def _clone(layer):
     """A copy with its own storage for exactly what its forward reads (so copies cost what they read)."""
-    if isinstance(layer, DynamicInt8Linear):
-        return DynamicInt8Linear(layer._weight.clone())
     c = copy.copy(layer)
-    if isinstance(layer, PackedLinear):
+    if isinstance(layer, WeightOnlyLinear) and layer.path == "dynamic":
+        c._prepared = layer._prepare_dynamic()  # fbgemm's own packed copy: what its forward reads
+    elif isinstance(layer, PackedLinear):
         c._packed = layer._packed.clone()
     elif isinstance(layer, WeightOnlyLinear) and layer._prepared is not None:
         c._prepared = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in layer._prepared)
@@ -131,7 +97,7 @@ def _clone(layer):
 
 
 def _nbytes(layer) -> int:
-    if isinstance(layer, DynamicInt8Linear):
+    if isinstance(layer, WeightOnlyLinear) and layer.path == "dynamic":
         return layer.out_features * layer.in_features + 8 * layer.out_features  # int8 + a double scale per row
     return layer.out_features * layer.in_features * 4 if isinstance(layer, PackedLinear) else layer_bytes(layer)
 
@@ -231,8 +197,8 @@ def bf16_activation_error(out_features: int = 1024, in_features: int = 1024, row
     x = torch.randn(rows, in_features, generator=gen)
     errs = {}
     layers = {fmt: WeightOnlyLinear.from_linear(Linear(w), cfg, path="auto") for fmt, cfg in CONFIGS.items()}
-    if "fbgemm" in torch.backends.quantized.supported_engines:
-        layers["int8-dyn"] = DynamicInt8Linear(w)
+    if dynamic_supports(layers["int8"].qw):
+        layers["int8-dyn"] = WeightOnlyLinear.from_linear(Linear(w), CONFIGS["int8"], path="dynamic")
     for fmt, lay in layers.items():
         ref = lay.reference(x)
         errs[fmt] = ((lay(x) - ref).abs().max() / ref.abs().max()).item()
@@ -319,7 +285,6 @@ def peer_verdicts(rows: list[dict]) -> dict:
 __all__ = [
     "BYTES_PER_WEIGHT",
     "CONFIGS",
-    "DynamicInt8Linear",
     "FORMATS",
     "GOAL",
     "RoofRow",
