@@ -126,3 +126,23 @@ def test_dynamic_path_matches_its_reference_on_awkward_shapes(shape):
     lb = WeightOnlyLinear.from_linear(Linear(w, bias), QuantConfig(bits=8), path="dynamic")
     xs = torch.randn(1, k)
     assert (lb(xs) - lb.reference(xs)).abs().max() <= 0.02 * (xs.abs() @ w.abs().T).max()
+
+
+def test_peer_verdicts_follow_the_goals():
+    rows = [
+        {"format": "fp32", "ratio": 0.95, "goal": 0.9},
+        {"format": "int8", "ratio": 0.41, "goal": 0.8},  # a false claim: must fail
+        {"format": "int4", "ratio": 0.7, "goal": None},  # no goal: no verdict
+    ]
+    v = gr.peer_verdicts(rows)
+    assert set(v) == {"fp32", "int8"} and v["fp32"].held and not v["int8"].held
+    rec = {"rows": [dict(r, engine_tok_s=r["ratio"], llama_tok_s=1.0) for r in rows]}
+    table = gr.peer_table(gr.achieved_bandwidth(rec, _shape(), 10.0))
+    assert "0.41" in table and table.count("\n") == 3
+
+
+def test_recorded_llamacpp_loads_or_names_the_command(tmp_path):
+    rec = gr.recorded_llamacpp()
+    assert {"meta", "rows"} <= set(rec) and "command" in rec["meta"] and "machine" in rec["meta"]
+    with pytest.raises(FileNotFoundError, match="vs_llamacpp.py"):
+        gr.recorded_llamacpp(tmp_path / "missing.json")
