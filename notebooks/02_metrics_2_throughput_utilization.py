@@ -89,6 +89,7 @@ import course_lib
 from course_lib import serving
 from course_lib.bottlenecks import mfu_bound, roof_check, time_floors
 from course_lib.bottlenecks.engine_vs_hf import PROMPT, engine_vs_hf, format_rows
+from course_lib.compression import gemv_roof
 from course_lib.engine import Engine
 from course_lib.engine.sampling import SamplingParams
 from course_lib.measure import hardware, metrics, microbench, plots, profiling, references
@@ -150,12 +151,16 @@ print(f"one decode step dispatches {n_ops} torch ops")
 # %% [markdown]
 # The same measurements on the real chat model, SmolLM2-135M-Instruct, with a KV cache sized for this
 # sweep (46 KB per token in fp32; the default 64 × 8,192 slots would not fit a small machine): TTFT at a
-# short and a long prompt, and TPOT over a batch sweep.
+# short and a long prompt, and TPOT over a batch sweep. The tiny engine is freed first and built again after (the same
+# weights, loaded in a second), so the two never share the memory of a 1.5 GB machine; only the numbers
+# of the SmolLM2 engine are kept, and it is freed at the end of the cell.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 c_batches = course_lib.pick((1, 2, 4, 8), (1, 2, 4, 8, 16))
 c_long, C_NEW = course_lib.pick(256, 2048), course_lib.pick(16, 32)
+del engine
+gc.collect()
 chat = chat_model.chat_engine(max_model_len=c_long + 8, max_num_seqs=max(c_batches), device=DEV, dtype=DT)
 cshape = accounting.ModelShape.from_config(chat.hf_model.config, name="smollm2-135m-instruct")
 c_params = accounting.param_count(cshape)
@@ -174,6 +179,9 @@ cN = c_batches[-1]
 print(f"SmolLM2: {c_params:,} parameters, {accounting.weight_bytes(cshape, DT) / 1e6:.0f} MB of {DT} weights")
 print("TTFT: " + ", ".join(f"{n} prompt tokens {t * 1e3:.0f} ms" for n, t in c_ttft.items()))
 print("TPOT: " + ", ".join(f"batch {b} {t * 1e3:.1f} ms" for b, t in c_tpot.items()))
+del chat, chat_pool  # the SmolLM2 engine is 1 GB: keep its numbers only
+gc.collect()
+engine = Engine("tiny-target", device=DEV, dtype=DT)  # the tiny model again, for the sections below
 
 # %% [markdown]
 # ## 1 · MFU for prefill, MBU for decode
@@ -348,7 +356,97 @@ for name, u in cu.items():
 not_the_goal = utilization_checks.low_mfu_can_be_optimal(
     cu["decode b=1"]["mfu"], cu["decode b=1"]["mbu"], cu["prefill"]["mfu"], cu["prefill"]["mbu"]
 )
+
+# %% [markdown]
+# ### The products at the roof: one GEMV per weight format, and the peer
 #
+# A batch-1 decode step is a chain of GEMVs: one row times every weight. Its MBU can only be as high as
+# those products read their weights, so the course's speed issue sets a goal for them alone: the
+# decode-shaped products (1-4 rows) of the fp32, int8 and int4 layers read their weight at ≥ 75% of
+# STREAM, on a matrix far bigger than the cache. The cell times one square weight in each format, on
+# the kernel the engine uses for it (fp32 `F.linear` and oneDNN-packed; int8 per channel
+# `aten._weight_int8pack_mm`; int4 asymmetric in groups of 32, llama.cpp's Q4_1, through
+# `aten._weight_int4pack_mm_for_cpu`), cycling through copies until each pass reads 4× the LLC, so
+# no format is served from the cache. It divides by a STREAM triad timed just before, with the same
+# threads and under the same load, and prints the roof the MBU above divides by beside it.
+#
+# *Your prediction first:* what fraction of STREAM does the fp32 product reach at one row, and does
+# int4 come closer to the roof or farther? int4 reads 6.4× fewer bytes than fp32, but every nibble must
+# be unpacked and scaled before its multiply.
+
+# %%
+my_fp32_fraction = None  # e.g. 0.8
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+LLC = hardware.detect_device().cache_bytes or 32 * 2**20
+g_n = course_lib.pick(2048, 4096)
+if CUDA:
+    roof = []
+    print("these are the CPU kernels; a GPU run skips them (chapter 03 times the GPU ones)")
+else:
+    triad = microbench.measure_bandwidth("triad", n_bytes=2 * LLC, repeats=course_lib.pick(4, 8))
+    stream_now = triad.rate(triad.bytes, best=True) / 1e9  # same threads, same load as the products
+    roof = gemv_roof.gemv_roof(
+        g_n, g_n, stream_gbps=stream_now, rows=(1, 4), working_set=4 * LLC, repeats=course_lib.pick(3, 5)
+    )
+    print(
+        f"{g_n} x {g_n} weight; each format cycles through >= {4 * LLC / 2**20:.0f} MiB; "
+        f"{torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}"
+    )
+    print(f"STREAM triad now, same threads: {stream_now:.1f} GB/s (the roof of section 1: {BW / 1e9:.1f} GB/s)")
+    print(gemv_roof.table(roof))
+    errs = gemv_roof.bf16_activation_error()
+    print("activations rounded (bf16: int8, int4; 8 bits: int8-dyn), max error / max |y| vs fp32 ones: ", end="")
+    print(", ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    gemv_verdicts = gemv_roof.roof_verdicts(roof)
+    best = gemv_roof.best_by_format(roof)
+    compare_prediction("fp32 GEMV at 1 row, fraction of STREAM", my_fp32_fraction, measured=best["fp32"].fraction)
+    print(f"closest to the roof: {max(best, key=lambda f: best[f].fraction)}")
+
+# %% [markdown]
+# The same roof for the whole engine, from a recorded run (quick mode cannot afford llama.cpp's load and
+# three formats of SmolLM2): the course engine beside llama.cpp on the same SmolLM2 weights at batch 1,
+# decode tokens/s turned into bytes/s (tokens/s × the bytes one step reads in that format: Q8_0 stores
+# 34 bytes per 32 weights, Q4_1 20), against this machine's bandwidth, with the issue's goals for the
+# engine ÷ llama.cpp ratio.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+peer = gemv_roof.recorded_llamacpp()
+m = peer["meta"]
+print(f"recorded {m['date']} on {m['machine']}")
+print(f"  {m['threads']} threads, load average {m['load_average_before']:.1f} before, by: {m['command']}")
+peer_rows = gemv_roof.achieved_bandwidth(peer, cshape, BW / 1e9)
+print(gemv_roof.peer_table(peer_rows))
+peer_verdicts = gemv_roof.peer_verdicts(peer_rows)
+bars = [(f"GEMV {r.format} ({r.rows} row)", r.gbps) for r in roof if r.rows == 1]
+bars.append((f"SmolLM2 decode b=1, this run ({DT})", cu["decode b=1"]["mbu"] * BW / 1e9))
+for r in peer_rows:
+    bars += [
+        (f"engine {r['format']} (recorded)", r["engine_gbps"]),
+        (f"llama.cpp {r['format']} (recorded)", r["llama_gbps"]),
+    ]
+ax = gemv_roof.bandwidth_bars(bars, BW / 1e9)
+ax.set_title("achieved bandwidth against the measured roof (section 1's)")
+plt.show()
+
+# %% [markdown]
+# *Explain.* A product at the roof would make the engine's decode a pure byte stream; the verdicts above
+# say how far each kernel is from that on this machine, and the recorded rows say the same of the whole
+# engine against a peer on identical weights. Read the two together: an engine streams no faster than
+# its large products, so a format whose GEMV misses the goal caps that format's decode too, and
+# llama.cpp's bars show what hand-written kernels reach on the same memory bus. The int8 and int4
+# kernels take bf16 activations to be fast (given fp32 activations they leave their vectorized path);
+# the printed error is what that rounding costs, to set beside the weights' own int8/int4 rounding.
+# The `int8-dyn` row goes one step further, as llama.cpp's own Q8_0 and Q4_1 kernels do (they round
+# each activation block to 8 bits before integer dot products): fbgemm's dynamic int8 linear
+# (`WeightOnlyLinear(..., path="dynamic")`, opt-in) multiplies integers on the same int8 bytes; compare
+# its GB/s and its printed error with the `int8` row's.
+# On a shared machine this run's GB/s fall with the load (printed beside them); the recorded rows
+# carry their own load average.
+
+# %% [markdown]
 # ## 2 · "100 input tokens ≈ 1 output token" — on our engine
 #
 # *Claim* (Huyen, *AI Engineering*, ch. 9, citing Anyscale): for total latency, 100 input tokens weigh about as much as one
@@ -577,14 +675,8 @@ else:
 # this CPU's ridge (a few sequences in fp32, hundreds on a GPU in bf16), which is why a CPU gains far
 # less from batching than a GPU does.
 #
-# SmolLM2's engine is 1 GB of memory; the sections below serve many requests with the tiny model, so we
-# free it first.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-del chat
-gc.collect()
-print("SmolLM2's engine freed")
+# SmolLM2's engine was freed in section 0, once its numbers were taken; the sections below serve many
+# requests with the tiny model.
 
 # %% [markdown]
 # ## 4 · Online vs batch APIs

@@ -8,6 +8,10 @@ against the first:
   ``aten._weight_int8pack_mm`` (int8, symmetric per channel) and ``aten._weight_int4pack_mm_for_cpu``
   (int4 in groups, the (u − 8)·scale + zero format). Their fast path takes bf16 activations, so the
   layer rounds x to bf16 and returns x's dtype; results agree with the reference to bf16 precision.
+- ``dynamic`` (opt-in, int8 per channel on an x86 CPU; ``auto`` never picks it): fbgemm's
+  ``quantized.linear_dynamic``, which also rounds each call's activations to 8 bits and multiplies
+  integers (VNNI). It reads the same int8 bytes faster than ``cpu`` on this course's CPU
+  (``compression.gemv_roof`` times both) at the price of int8 activations (its error is measured there).
 - ``triton``: the course's kernels (``course_lib.kernels.quant_matmul``: ``int8``, ``int4``), which
   dequantize in registers on a GPU (and run, slowly, in the Triton interpreter for tests).
 A decode step reads the integers and scales instead of fp32 weights: ~4× fewer bytes for int8 and ~8×
@@ -24,7 +28,7 @@ import torch.nn.functional as F
 from course_lib.compression.quantize import QuantConfig, QuantizedWeight, dequantize, quantize, unpack_int4
 from course_lib.engine.layers import Linear
 
-PATHS = ("auto", "reference", "cpu", "triton")
+PATHS = ("auto", "reference", "cpu", "triton", "dynamic")
 CPU_INT4_GROUPS = (32, 64, 128, 256)
 
 
@@ -38,6 +42,18 @@ def cpu_supports(qw: QuantizedWeight) -> bool:
         and c.group_size in CPU_INT4_GROUPS
         and qw.shape[0] % 16 == 0  # the packing kernel wants N divisible by 16
         and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+    )
+
+
+def dynamic_supports(qw: QuantizedWeight) -> bool:
+    """Whether fbgemm's dynamic int8 linear takes this weight: int8 symmetric per channel, on a CPU."""
+    c = qw.config
+    return (
+        c.bits == 8
+        and c.symmetric
+        and c.granularity == "channel"
+        and qw.data.device.type == "cpu"
+        and "fbgemm" in torch.backends.quantized.supported_engines
     )
 
 
@@ -96,6 +112,11 @@ class WeightOnlyLinear(Linear):
             raise ValueError(
                 f"path='triton' needs int8 per-channel symmetric or int4 groups, got {self.qw.config.name}"
             )
+        if path == "dynamic" and not dynamic_supports(self.qw):
+            raise ValueError(
+                f"path='dynamic' needs int8 symmetric per-channel weights on a CPU with torch's fbgemm engine; "
+                f"got {self.qw.config.name} on {self.qw.data.device.type}"
+            )
         if path != "auto":
             return path
         if dev == "cuda" and triton_supports(self.qw):
@@ -125,13 +146,31 @@ class WeightOnlyLinear(Linear):
         sz = torch.stack([qw.scale, qw.zero], dim=2).transpose(0, 1).contiguous()  # (K/g, N, 2)
         return ("int4", packed, sz.to(torch.bfloat16))
 
+    def _prepare_dynamic(self):
+        import warnings
+
+        qw = self.qw
+        scale = qw.scale[:, 0].double()
+        with warnings.catch_warnings():  # torch 2.13 marks quantized tensors deprecated
+            warnings.simplefilter("ignore")
+            q = torch._make_per_channel_quantized_tensor(qw.data, scale, torch.zeros_like(scale, dtype=torch.long), 0)
+            prev, torch.backends.quantized.engine = torch.backends.quantized.engine, "fbgemm"
+            try:
+                return torch.ops.quantized.linear_prepack(q, None)
+            finally:
+                torch.backends.quantized.engine = prev
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // max(x.shape[-1], 1)
-        if self.path == "reference" or rows > self.max_rows:
+        if self.path == "reference" or rows > self.max_rows or (self.path == "dynamic" and x.dtype != torch.float32):
             return self.reference(x)
         lead, k = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, k)
-        if self.path == "cpu":
+        if self.path == "dynamic":
+            if self._prepared is None:
+                self._prepared = self._prepare_dynamic()
+            y = torch.ops.quantized.linear_dynamic(x2.contiguous(), self._prepared)
+        elif self.path == "cpu":
             if self._prepared is None:
                 self._prepared = self._prepare_cpu()
             kind, data, params = self._prepared
@@ -177,4 +216,4 @@ def layer_bytes(lin) -> int:
     return int(lin.nbytes)
 
 
-__all__ = ["PATHS", "WeightOnlyLinear", "cpu_supports", "layer_bytes", "triton_supports"]
+__all__ = ["PATHS", "WeightOnlyLinear", "cpu_supports", "dynamic_supports", "layer_bytes", "triton_supports"]

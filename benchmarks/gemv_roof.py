@@ -1,0 +1,76 @@
+"""Benchmark: decode-shaped products (1-4 rows) of the fp32, int8 and int4 layers as a share of STREAM.
+
+    python benchmarks/gemv_roof.py [--out 4096] [--in 4096] [--rows 1 2 4] [--threads 1 2] [--json out.json]
+
+Issue 21's goal: each format's decode-shaped product reads its weight at >= 75% of the STREAM triad
+bandwidth, on a matrix far bigger than the LLC. Per thread count: a STREAM triad (best of the repeats,
+``measure.microbench``), then ``compression.gemv_roof.gemv_roof`` (fp32 ``F.linear`` and oneDNN packed,
+int8 per channel ``aten._weight_int8pack_mm``, int4 g32 ``aten._weight_int4pack_mm_for_cpu``), each
+cycling through copies of its weight until it reads ``--working-set`` MiB. Also prints what the int8/int4
+kernels' bf16 rounding of activations costs in error. Writes JSON (machine, load average, command) that
+``benchmarks/ledger.py`` reads. Not a test: timings are noisy on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import date
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=int, default=4096, help="out_features")
+    p.add_argument("--in", dest="inf", type=int, default=4096, help="in_features")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--working-set", type=int, default=256, help="MiB read per pass (>= 4x the LLC)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", help="write the rows here")
+    a = p.parse_args(argv)
+    for name in ("out", "inf", "working_set", "repeats"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+
+    import torch
+
+    from course_lib.compression.gemv_roof import bf16_activation_error, gemv_roof, table
+    from course_lib.measure.hardware.device import detect_device
+    from course_lib.measure.microbench import measure_bandwidth
+
+    load_before = os.getloadavg()[0]
+    rows = []
+    for th in a.threads:
+        torch.set_num_threads(th)
+        t = measure_bandwidth("triad", n_bytes=a.working_set * 2**20 // 2, repeats=8)
+        stream = t.rate(t.bytes, best=True) / 1e9
+        res = gemv_roof(
+            a.out, a.inf, stream_gbps=stream, rows=a.rows, working_set=a.working_set * 2**20, repeats=a.repeats
+        )
+        print(f"\n{th} thread(s): STREAM triad {stream:.1f} GB/s; weight {a.out} x {a.inf}")
+        print(table(res))
+        for r in res:
+            rows.append(
+                dict(family=r.format.split()[0], format=r.format, path=r.path, rows=r.rows, threads=th,
+                     weight_bytes=r.weight_bytes, copies=r.copies, gbps=r.gbps, stream_gbps=stream,
+                     fraction=r.fraction, spread=r.spread)
+            )  # fmt: skip
+    errs = bf16_activation_error()
+    print("\nbf16 rounding of the activations (int8/int4 CPU kernels), max error / max |y| vs fp32 activations:")
+    print(", ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    if a.json:
+        cmd = "python benchmarks/gemv_roof.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        meta = dict(machine=detect_device().describe(), date=date.today().isoformat(), torch=torch.__version__,
+                    load_average_before=load_before, load_average_after=os.getloadavg()[0], command=cmd.strip(),
+                    shape=[a.out, a.inf], working_set_mib=a.working_set, bf16_activation_error=errs)  # fmt: skip
+        Path(a.json).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+        print(f"wrote {a.json}")
+
+
+if __name__ == "__main__":
+    main()

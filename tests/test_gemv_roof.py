@@ -1,0 +1,148 @@
+"""compression.gemv_roof: the decode-shaped product timings, their verdicts and the recorded bandwidths."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib.compression import gemv_roof as gr
+from course_lib.models.accounting import ModelShape
+
+
+def test_rows_read_what_each_format_stores_and_cycle_copies():
+    rows = gr.gemv_roof(64, 128, stream_gbps=10.0, rows=(1, 3), working_set=64 * 128 * 4 * 3, repeats=2)
+    got = {(r.format, r.rows): r for r in rows}
+    assert set(got) == {(f, n) for f in gr.FORMATS for n in (1, 3)}
+    assert got["fp32", 1].weight_bytes == 64 * 128 * 4 == got["fp32 packed", 1].weight_bytes
+    assert got["int8", 1].weight_bytes < got["fp32", 1].weight_bytes / 3.5
+    assert got["int4", 1].weight_bytes < got["int8", 1].weight_bytes
+    assert got["fp32", 1].copies == 3 and got["int4", 1].copies > got["int8", 1].copies > 3
+    for r in rows:
+        assert r.fraction == pytest.approx(r.gbps / 10.0) and r.spread >= 0
+
+
+def test_clones_have_their_own_storage_and_give_the_same_answer():
+    w = torch.randn(32, 64)
+    x = torch.randn(2, 64)
+    for fmt in gr.FORMATS:
+        lay = gr._make(fmt, w)
+        y = lay(x)
+        c = gr._clone(lay)
+        assert torch.equal(c(x), y)
+        if fmt == "fp32 packed":
+            assert c._packed is not lay._packed and c._packed.is_mkldnn
+        elif fmt == "fp32":
+            assert c.weight.data_ptr() != lay.weight.data_ptr()
+        elif fmt == "int8-dyn":
+            assert c._prepared is not lay._prepared
+        else:
+            assert c._prepared[1].data_ptr() != lay._prepared[1].data_ptr()
+        ref = F.linear(x, w)
+        assert (y - ref).abs().max() / ref.abs().max() < (1e-5 if fmt.startswith("fp32") else 0.2)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="stream_gbps"):
+        gr.gemv_roof(8, 8, stream_gbps=0)
+    with pytest.raises(ValueError, match="formats"):
+        gr.gemv_roof(8, 8, stream_gbps=1.0, formats=("fp16",))
+    with pytest.raises(ValueError, match="rows"):
+        gr.gemv_roof(8, 8, stream_gbps=1.0, rows=(0,))
+
+
+def _row(fmt, frac, rows=1, samples=(1.0, 1.0)):
+    # weight bytes chosen so that gbps / stream = frac with stream 10 GB/s and 1 s per call
+    return gr.RoofRow(fmt, "p", rows, int(frac * 10e9), samples, 1, 10.0)
+
+
+def test_verdicts_take_the_fastest_path_and_fail_below_the_goal():
+    rows = [_row("fp32", 0.5), _row("fp32 packed", 0.8), _row("int8", 0.6), _row("int4", 0.9, rows=2)]
+    best = gr.best_by_format(rows)
+    assert best["fp32"].format == "fp32 packed" and "int4" not in best
+    v = gr.roof_verdicts(rows)
+    assert v["fp32"].held and not v["int8"].held  # 0.6 < 0.75: a false claim fails
+    noisy = gr.roof_verdicts([_row("int8", 0.7, samples=(0.8, 1.0, 1.3))])
+    assert noisy["int8"].inside_noise
+
+
+def test_bf16_activation_error_is_small_but_not_zero():
+    errs = gr.bf16_activation_error(64, 128)
+    assert {"int8", "int4"} <= set(errs) <= {"int8", "int4", "int8-dyn"}
+    for e in errs.values():
+        assert 0 < e < 2e-2
+
+
+def _shape():
+    return ModelShape(
+        name="smollm2", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+        num_heads=9, num_kv_heads=3, head_dim=64, tie_embeddings=True,
+    )  # fmt: skip
+
+
+def test_bytes_per_token_and_achieved_bandwidth():
+    s = _shape()
+    fp32 = gr.decode_bytes_per_token(s, "fp32")
+    assert fp32 == pytest.approx(4 * (30 * (576 * 64 * 24 + 3 * 576 * 1536) + 49152 * 576))
+    assert gr.decode_bytes_per_token(s, "int4", "int8") < gr.decode_bytes_per_token(s, "int8") < fp32
+    rec = {"rows": [{"format": "fp32", "engine_tok_s": 10.0, "llama_tok_s": 20.0, "goal": 0.9}]}
+    (row,) = gr.achieved_bandwidth(rec, s, stream_gbps=fp32 * 40 / 1e9)
+    assert row["ratio"] == 0.5 and row["engine_fraction"] == pytest.approx(0.25)
+    assert row["llama_fraction"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="record"):
+        gr.achieved_bandwidth([], s, 1.0)
+    with pytest.raises(ValueError, match="format"):
+        gr.achieved_bandwidth({"rows": [{"format": "fp8"}]}, s, 1.0)
+
+
+@pytest.mark.parametrize("shape", [(37, 53), (1, 7), (256, 96)])
+def test_dynamic_path_matches_its_reference_on_awkward_shapes(shape):
+    from course_lib.compression.linear import WeightOnlyLinear, dynamic_supports
+    from course_lib.compression.quantize import QuantConfig, quantize
+    from course_lib.engine.layers import Linear
+
+    n, k = shape
+    w = torch.randn(n, k)
+    qw = quantize(w, QuantConfig(bits=8))
+    if not dynamic_supports(qw):
+        pytest.skip("no fbgemm in this torch build")
+    engine_before = torch.backends.quantized.engine
+    lay = WeightOnlyLinear(qw, path="dynamic", max_rows=4)
+    for rows in (1, 3):
+        x = torch.randn(rows, k)
+        ref = lay.reference(x)
+        y = lay(x)
+        assert y.shape == (rows, n) and y.dtype == torch.float32
+        scale = (x.abs() @ w.abs().T).max()  # the products' magnitude: an output can cancel to ~0
+        assert (y - ref).abs().max() <= 0.02 * scale  # 8-bit activations: ~1% of the range
+    assert torch.backends.quantized.engine == engine_before  # no global side effect
+    x = torch.randn(2, 5, k)  # batched leading dims keep their shape
+    assert lay(x).shape == (2, 5, n)
+    big = torch.randn(9, k)  # more rows than max_rows: the reference path, exactly
+    assert torch.equal(lay(big), lay.reference(big))
+    xb = torch.randn(1, k, dtype=torch.bfloat16)  # not fp32: the reference path
+    assert torch.equal(lay(xb), lay.reference(xb))
+    with pytest.raises(ValueError, match="dynamic"):
+        WeightOnlyLinear(quantize(w, QuantConfig(bits=8, symmetric=False)), path="dynamic")
+    bias = torch.randn(n)
+    lb = WeightOnlyLinear.from_linear(Linear(w, bias), QuantConfig(bits=8), path="dynamic")
+    xs = torch.randn(1, k)
+    assert (lb(xs) - lb.reference(xs)).abs().max() <= 0.02 * (xs.abs() @ w.abs().T).max()
+
+
+def test_peer_verdicts_follow_the_goals():
+    rows = [
+        {"format": "fp32", "ratio": 0.95, "goal": 0.9},
+        {"format": "int8", "ratio": 0.41, "goal": 0.8},  # a false claim: must fail
+        {"format": "int4", "ratio": 0.7, "goal": None},  # no goal: no verdict
+    ]
+    v = gr.peer_verdicts(rows)
+    assert set(v) == {"fp32", "int8"} and v["fp32"].held and not v["int8"].held
+    rec = {"rows": [dict(r, engine_tok_s=r["ratio"], llama_tok_s=1.0) for r in rows]}
+    table = gr.peer_table(gr.achieved_bandwidth(rec, _shape(), 10.0))
+    assert "0.41" in table and table.count("\n") == 3
+
+
+def test_recorded_llamacpp_loads_or_names_the_command(tmp_path):
+    rec = gr.recorded_llamacpp()
+    assert {"meta", "rows"} <= set(rec) and "command" in rec["meta"] and "machine" in rec["meta"]
+    with pytest.raises(FileNotFoundError, match="vs_llamacpp.py"):
+        gr.recorded_llamacpp(tmp_path / "missing.json")
