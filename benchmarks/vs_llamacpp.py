@@ -9,6 +9,9 @@ The peer a learner would pick for CPU inference is llama.cpp. Both sides run the
   what the course engine loads) vs the engine with oneDNN-packed fp32 weights (``linear="packed"``);
 - int8: llama.cpp Q8_0 (blocks of 32 re-quantized from the same values) vs the engine's int8 per channel
   (``aten._weight_int8pack_mm``, LM head int8);
+- int8-dyn: the same Q8_0 file vs the engine's int8 weights with activations rounded to int8 at each call
+  (fbgemm's ``quantized.linear_dynamic``, ``WeightOnlyLinear(path="dynamic")``), as llama.cpp's Q8_0
+  kernel itself rounds them (to Q8_K blocks);
 - int4: llama.cpp's Q4_1 file itself vs the engine with the Q4_1 blocks imported bit-exact
   (``gguf_int4.quantize_engine_gguf``) and the LM head in int8;
 - ``--model tiny-target``: the course's 5M model in fp32 only, written for llama.cpp by ``models.gguf_export``
@@ -37,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODEL = "smollm2-135m-instruct"
 MODELS = (MODEL, "tiny-target")
-GOALS = {"fp32": 0.9, "int8": 0.8, "int4": 0.8, "prefill fp32": 1.0}
+GOALS = {"fp32": 0.9, "int8": 0.8, "int8-dyn": 0.8, "int4": 0.8, "prefill fp32": 1.0}
 TINY_GOAL = 0.4  # issue 21: tiny-target at >= 0.4x llama.cpp
 PROMPT = "The three most useful things to know about the Python standard library are"
 
@@ -49,7 +52,9 @@ def _parse(argv=None):
     p.add_argument("--tokens", type=int, default=64, help="greedy tokens timed per decode run")
     p.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill timing")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--formats", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int4"])
+    p.add_argument(
+        "--formats", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int8-dyn", "int4"]
+    )
     p.add_argument(
         "--cache", default=str(Path(tempfile.gettempdir()) / "course_llamacpp"), help="where the F32/Q8_0 files go"
     )
@@ -80,7 +85,7 @@ def llama_files(cache: Path, formats, model: str = MODEL) -> dict[str, Path]:
         return {"fp32": export_llama(embedded_dir(model), dst)}
     src = gguf_file(MODEL)
     files = {"int4": src}
-    for fmt, target in (("fp32", "F32"), ("int8", "Q8_0")):
+    for fmt, target in (("fp32", "F32"), ("int8", "Q8_0"), ("int8-dyn", "Q8_0")):
         if fmt in formats:
             dst = cache / f"smollm2-135m-instruct.{target}.gguf"
             if not dst.is_file() or dst.stat().st_mtime < src.stat().st_mtime:
@@ -145,9 +150,12 @@ def engine_for(fmt: str, prefill: int, model: str = MODEL):
         return Engine(model, config=config, linear="packed"), "oneDNN packed fp32 (mkldnn._linear_pointwise)"
     eng = Engine(MODEL, config=config, linear="reference")
     with torch.no_grad():
-        if fmt == "int8":
+        if fmt in ("int8", "int8-dyn"):
+            path = "dynamic" if fmt == "int8-dyn" else "auto"
             for name, lin in list(eng.model.linears()):
-                eng.model.set_linear(name, WeightOnlyLinear(quantize_chunked(lin.weight, INT8), lin.bias))
+                eng.model.set_linear(name, WeightOnlyLinear(quantize_chunked(lin.weight, INT8), lin.bias, path=path))
+            if fmt == "int8-dyn":
+                return eng, "int8 per channel x int8 activations (fbgemm quantized.linear_dynamic), head int8"
             return eng, "int8 per channel (aten._weight_int8pack_mm), head int8"
         quantize_engine_gguf(eng, gguf_file(MODEL))
         head = eng.model.lm_head

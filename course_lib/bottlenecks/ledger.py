@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 LLAMA = "smollm2-vs-llamacpp-cpu.json"
+TINY_LLAMA = "tiny-target-vs-llamacpp-cpu.json"
 GEMV = "gemv-roof-cpu.json"
 TINY_HF = "engine-vs-hf-tiny-cpu.json"
 SERVER = "server-tpot-cpu.json"
@@ -73,10 +74,20 @@ def _gpu_step_ms(d):
     return None
 
 
-LLAMA_CMD = "python benchmarks/vs_llamacpp.py --tokens 32 --repeats 3 --json data/measurements/" + LLAMA
+LLAMA_CMD = (
+    "python benchmarks/vs_llamacpp.py --formats fp32 int8 int8-dyn int4 --tokens 32 --repeats 3 --json data/measurements/"
+    + LLAMA
+)
 GOALS = (
     Goal("SmolLM2 fp32 decode, engine ÷ llama.cpp f32", LLAMA, _llama_row("fp32", "ratio"), LLAMA_CMD, 0.9),
     Goal("SmolLM2 int8 decode, engine ÷ llama.cpp q8_0", LLAMA, _llama_row("int8", "ratio"), LLAMA_CMD, 0.8),
+    Goal(
+        "SmolLM2 int8 decode, int8 activations (fbgemm dynamic) ÷ llama.cpp q8_0",
+        LLAMA,
+        _llama_row("int8-dyn", "ratio"),
+        LLAMA_CMD,
+        0.8,
+    ),
     Goal("SmolLM2 int4 decode, engine ÷ llama.cpp Q4_1", LLAMA, _llama_row("int4", "ratio"), LLAMA_CMD, 0.8),
     Goal("SmolLM2 fp32 prefill, engine ÷ llama.cpp", LLAMA, _llama_row("fp32", "prefill_ratio"), LLAMA_CMD, 1.0),
     Goal(
@@ -88,9 +99,10 @@ GOALS = (
     ),
     Goal(
         "tiny-target batch-1 decode, engine ÷ llama.cpp",
-        "tiny-vs-llamacpp-cpu.json",
-        lambda d: d.get("ratio"),
-        "none yet: benchmarks/vs_llamacpp.py runs SmolLM2 only",
+        TINY_LLAMA,
+        _llama_row("fp32", "ratio"),
+        "python benchmarks/vs_llamacpp.py --model tiny-target --tokens 64 --repeats 3 --json data/measurements/"
+        + TINY_LLAMA,
         0.4,
     ),
     *(
