@@ -664,8 +664,8 @@ else:
 # NBVAL_IGNORE_OUTPUT
 live_levers = course_lib.pick(("eager", "fused"), ("eager", "fused", "compiled")) + (("cudagraph",) if CUDA else ())
 levers = step_levers.lever_rows(engine, "tiny-target", live_levers, repeats=course_lib.pick(3, 5))
-rec_levers, rec_prov = step_levers.load_recorded()
-rec_levers = [r for r in rec_levers if (r.model, r.lever) not in {(x.model, x.lever) for x in levers}]
+rec_all, rec_prov = step_levers.load_recorded()
+rec_levers = [r for r in rec_all if (r.model, r.lever) not in {(x.model, x.lever) for x in levers}]
 print("measured in this run:\n" + step_levers.format_rows(levers))
 print(f"\nrecorded ({rec_prov['machine']}; {rec_prov['date']}; `{rec_prov['command']}`):")
 print(step_levers.format_rows(rec_levers))
@@ -697,21 +697,22 @@ fused_faster = step_levers.faster(ref_t, by["tiny-target", "fused"])
 best = max((r for r in levers + rec_levers if r.model == "tiny-target"), key=lambda r: r.vs_hf or 0)
 goal_3x = step_levers.hf_goal(best)
 print(f"(the {best.lever} row is {'measured in this run' if best in levers else 'recorded'})")
-if ("tiny-target", "compiled") in by:
-    comp_fewer = step_levers.fewer_ops(by["tiny-target", "eager"], by["tiny-target", "compiled"])
+comp = by["tiny-target", "compiled"]
+same_run = levers if comp in levers else rec_all  # compare the compiled step with the eager one of its own run
+comp_fewer = step_levers.fewer_ops(next(r for r in same_run if r.model == comp.model and r.lever == "eager"), comp)
 
 # %% [markdown]
 # *Explain.* The verdicts above say, for this run, whether the fused step dispatched fewer ops and ran
 # faster, and whether the best lever reached the 3× goal. Writing the step for fewer allocations does
 # not, by itself, take ops out of Python: every view, slice and small product is still one dispatch, so
-# where the fused count barely moves that is why, and the static shapes that make the step compilable
-# cost something too (the keys are read up to the next multiple of 64, masked, not to the exact length).
-# The compiler is what changes the count: a layer's elementwise ops fold into a few C++ loops, and what
+# where the fused count barely moves that is why. The compiler is what changes the count, at a price of
+# its own: static shapes, so the keys are read up to the next multiple of 64 and masked, not to the exact
+# length; a layer's elementwise ops fold into a few C++ loops, and what
 # it still dispatches is mostly the products (oneDNN's, one opaque op each) and attention: the table's
 # compiled row counts those. On a GPU, a CUDA graph removes the per-op launch from Python altogether,
 # which is why the GPU goal (tiny-target ≤ 0.5 ms per step on an H200) is set against
 # `decode="cudagraph"`; `benchmarks/gpu_check.sh` times it when a GPU is lent.
-
+#
 # ## 3 · Latency is a distribution: percentiles, not the mean
 #
 # *Claim* (Huyen, *AI Engineering*, ch. 9). Latency follows a distribution; outliers are common and distort the mean, so

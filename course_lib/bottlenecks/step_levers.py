@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,8 +55,16 @@ def count_dispatched(fn) -> int:
     inductor's generated C++ loops are not ops at all."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
+    sys.stderr.flush()
+    saved = os.dup(2)  # the profiler's C++ side prints start/stop lines to fd 2: keep them out of the notebook
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                fn()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
     def outer(ev) -> bool:
         p = ev.cpu_parent
@@ -200,8 +210,8 @@ def load_recorded(path: Path = RECORDED) -> tuple[list[LeverRow], dict]:
     return [LeverRow(**r) for r in data["rows"]], data["provenance"]
 
 
-def record(path: Path = RECORDED, models=("tiny-target", "smollm2-135m-instruct")) -> list[LeverRow]:
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+def record(path: Path = RECORDED, models=("tiny-target", "smollm2-135m-instruct"), threads: int = 2) -> list[LeverRow]:
+    torch.set_num_threads(threads)
     rows = []
     for name in models:
         engine = Engine(name, config=SchedulerConfig(max_model_len=256, max_num_seqs=2))
@@ -211,7 +221,7 @@ def record(path: Path = RECORDED, models=("tiny-target", "smollm2-135m-instruct"
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
     prov = {
         "machine": f"{cpu or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
-        "command": "python -m course_lib.bottlenecks.step_levers --record",
+        "command": f"python -m course_lib.bottlenecks.step_levers --record --threads {threads}",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     Path(path).write_text(json.dumps({"provenance": prov, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
@@ -224,10 +234,11 @@ def main(argv=None) -> list[LeverRow]:
     ap.add_argument("--model", default="tiny-target")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--levers", nargs="+", default=["eager", "fused"], choices=DECODE_MODES)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of --record (2: the llama.cpp comparison's)")
     ap.add_argument("--json", help="write the rows there")
     args = ap.parse_args(argv)
     if args.record:
-        return record()
+        return record(threads=args.threads)
     engine = Engine(args.model, device=args.device, config=SchedulerConfig(max_model_len=256, max_num_seqs=2))
     rows = lever_rows(engine, args.model, tuple(args.levers))
     print(format_rows(rows))

@@ -11,8 +11,10 @@ positions (no host round trip), q/k/v already one product (``Linear.fuse``). Thr
   graph per (batch bucket, key-length bucket): static shapes, as gpt-fast compiles its ``decode_one_token``;
 - ``mode="cudagraph"``: nano-vllm's ``capture_cudagraph``: per batch bucket one CUDA graph over static
   input buffers, replayed each step (the keys padded to the cache length, masked on the device).
-Batches pad up to their bucket by repeating the last row (the same token at the same slot writes the same
-K/V twice), and only the real rows' logits come back. A compile or capture failure, or CUDA graphs asked
+The fused step attends over the exact keys (its logits equal the reference's, bit for bit, in the tests);
+the compiled and graph steps pad the keys to a bucket and mask them (the softmax sums reassociate: ~1e-6
+relative), and pad the batch to its bucket by repeating the last row (the same token at the same slot
+writes the same K/V twice); only the real rows' logits come back. A compile or capture failure, or CUDA graphs asked
 on a machine without CUDA, falls back to the fused eager forward with one warning. The engine takes it as
 ``Engine(..., decode=...)``; anything but a pure decode step runs the reference. Chapter 02-1 measures it.
 """
@@ -147,15 +149,15 @@ class FastDecoder:
         self.mode = "fused"
         self._compiled, self._graphs = None, {}
 
-    @staticmethod
-    def supports(backend, query_lens: list[int], contexts: list[int]) -> bool:
+    def supports(self, backend, query_lens: list[int], contexts: list[int]) -> bool:
+        """A pure decode step on the plain contiguous cache, inside the RoPE table; anything else: the reference."""
         from course_lib.engine.attention.contiguous import ContiguousBackend
 
         return (
             type(backend) is ContiguousBackend
             and backend.use_sdpa
             and all(q == 1 for q in query_lens)
-            and max(contexts) <= backend.max_len
+            and max(contexts) <= min(backend.max_len, self.model._cos.shape[0])
         )
 
     def __call__(self, backend, handles: list, ids: list[int], positions: list[int]) -> torch.Tensor:
@@ -165,7 +167,9 @@ class FastDecoder:
         ids_t = torch.tensor(ids + ids[-1:] * pad, device=dev)
         pos_t = torch.tensor(positions + positions[-1:] * pad, device=dev)
         rows_t = torch.tensor(list(handles) + list(handles[-1:]) * pad, device=dev)
-        L = kv_bucket(max(positions) + 1, backend.max_len)
+        L = max(positions) + 1  # eager: the exact keys, so the sums run as the reference's (bit for bit)
+        if self.mode != "fused":  # static shapes: keys padded to the bucket and masked (fp sums reassociate)
+            L = kv_bucket(L, backend.max_len)
         if self.mode == "cudagraph":
             out = self._replay(backend, ids_t, pos_t, rows_t)
             if out is not None:
