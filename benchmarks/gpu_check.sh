@@ -14,7 +14,9 @@
 #   3. benchmarks/flash_attention_gpu.py, benchmarks/quant_kernels_gpu.py and benchmarks/flash_decoding_gpu.py
 #      (JSON into $OUT);
 #   4. benchmarks/serving_policies.py --quick on CUDA (continuous vs static batching, sim vs real);
-#   5. benchmarks/engine_vs_hf.py on CUDA (greedy identity and speed);
+#   5. benchmarks/engine_vs_hf.py on CUDA (greedy identity and speed), then the decode levers on CUDA
+#      (tests/test_fast_decode.py: CUDA-graph replay == eager; step_levers: eager/fused/cudagraph µs per
+#      step of tiny-target at batch 1, the goal being ≤ 0.5 ms on an H200; JSON into $OUT);
 #   6. every notebook in full mode, run as a script (jupytext percent files are plain Python), each under
 #      its own limit; the summary records "ran (N s)" or the failure, which gpu_collect.py stores.
 # Every step's output goes to $OUT/<step>.log; a failed step does not stop the next one.
@@ -81,6 +83,8 @@ json.dump(dataclasses.asdict(p), open(os.environ['OUT'] + '/peaks.json', 'w'), i
     step flash_decoding 40 $PY benchmarks/flash_decoding_gpu.py --out "$OUT/flash_decoding.json" --rep 20
     step serving 110 $PY benchmarks/serving_policies.py --quick --device cuda
     step engine_vs_hf 45 $PY benchmarks/engine_vs_hf.py --device cuda --repeats 3 --json "$OUT/engine_vs_hf.json"
+    step levers 90 sh -c "$PY -m pytest -q -p no:cacheprovider -o addopts= --timeout 60 tests/test_fast_decode.py -k cudagraph \
+        && $PY -m course_lib.bottlenecks.step_levers --device cuda --levers eager fused cudagraph --json $OUT/step_levers.json"
 fi
 if [ "$PART" != kernels ]; then
     export COURSE_MODE=full

