@@ -742,6 +742,7 @@ from course_lib.decoding import draft_cost, layer_draft_train  # noqa: E402
 from course_lib.decoding.prompts import CHAT_FREE, CHAT_GROUNDED, chat_ids  # noqa: E402
 from course_lib.engine.speculative import load_layer_draft  # noqa: E402
 
+target = draft = None  # the tiny engines and their KV caches go while SmolLM2 runs; rebuilt after it
 memory.trim_heap()  # what the tiny models' sections freed goes back to the OS before the real model loads
 # one SmolLM2 engine for the whole section (1 sequence, 512 KV slots); on a CPU oneDNN's packed weights
 # only (linear="packed"): the default "auto" keeps the plain weights beside the packed copy (+0.5 GB,
@@ -899,6 +900,8 @@ verdicts.grounded_over_free(set_rows, 1.3)
 print("every run of the set token-identical to plain greedy:", all(r["identical"] for r in set_rows))
 smol = sdraft = None  # the rest of the chapter runs on the tiny models: give SmolLM2's memory back
 memory.trim_heap()
+target = Engine("tiny-target", device=DEV, config=TINY_KV)
+draft = Engine("tiny-draft", device=DEV, config=TINY_KV)
 
 # %% [markdown]
 # Read the table with the formula beside it: α is what distillation buys, c what the truncated head and
