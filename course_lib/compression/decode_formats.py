@@ -11,6 +11,8 @@ bytes. Each format runs at its best CPU path, said in its row:
   (``gguf_int4.quantize_engine_gguf``, ``aten._weight_int4pack_mm_for_cpu``), with the LM head in fp32 or
   in int8 per channel. The LM head (49,152 × 576, tied to the embedding) is 21% of the parameters: in
   fp32 it is 113 MB, more than the whole int4 body, so it caps what int4 saves.
+The row ``NULL`` ("no weights (t0)") times the same step with every linear a zero-byte
+``step_model.NullLinear``: the fixed part t₀ of Amdahl's model, measured in the same repeats.
 ``step_bytes`` counts what the kernels read (the CPU int4 kernel's bf16 scales and zeros: 0.625 bytes per
 weight, as Q4_1's 20 bytes per 32 weights). ``decode_speeds`` builds one format at a time and frees it
 (``del`` + ``gc.collect()``) before the next, so no two copies of the weights live at once.
@@ -26,6 +28,7 @@ import torch
 
 from course_lib.compression.linear import WeightOnlyLinear, layer_bytes  # layer_bytes: re-exported
 from course_lib.compression.quantize import QuantConfig
+from course_lib.compression.step_model import null_layers
 from course_lib.core.memory import trim_heap
 from course_lib.engine.layers import PackedLinear
 
@@ -39,8 +42,9 @@ INT8 = QuantConfig(8, True, "channel")
 #: weights run oneDNN's bf16 kernel through ``PackedLinear`` (input cast to bf16, output back, as the
 #: int8/int4 kernels do with their bf16 activations); the fp32 LM head runs ``F.linear`` on the tied
 #: embedding itself, so the 113 MB matrix is held once.
+NULL = "no weights (t0)"  # every linear a zero-byte NullLinear: the step's fixed part, measured (step_model)
 GROUPS = (
-    ("fp32 oneDNN packed", "int4 Q4_1, fp32 head", "int4 Q4_1, int8 head"),
+    ("fp32 oneDNN packed", NULL, "int4 Q4_1, fp32 head", "int4 Q4_1, int8 head"),
     ("fp32 oneDNN packed", "int8 per-channel"),
     ("fp32 oneDNN packed", "bf16 oneDNN packed"),
 )
@@ -174,6 +178,8 @@ def build_formats(eng, formats, int4_qweights=None) -> dict[str, tuple[str, dict
 
     plain = dict(eng.model.linears())
     out: dict[str, tuple[str, dict]] = {}
+    if NULL in formats:
+        out[NULL] = ("every linear a zero-byte NullLinear (step_model)", null_layers(plain))
     body4 = {}
     if any(f.startswith("int4") for f in formats):
         if int4_qweights is None:
@@ -351,6 +357,11 @@ def table(rows: list[DecodeRow], bandwidth: float | None = None) -> str:
     head += f"{'vs fp32':>8}{'vs bf16':>8}{'GB/s':>6}  path"
     lines = [head]
     for r in rows:
+        if r.name == NULL:  # no bytes: a time only
+            lines.append(
+                f"{r.name:<22}{0:>10.1f}{0:>8.1f}{0:>11.3f}{r.step_s * 1e3:>8.1f}{'±' + format(r.spread, '.0%'):>8}"
+            )
+            continue
         ratio = f"{r.bytes / by[fp32].bytes:>11.3f}" if fp32 in names else f"{'':>11}"
         v32 = f"{speedup(rows, fp32, r.name)[0]:>7.2f}x" if fp32 in names else f"{'':>8}"
         v16 = f"{speedup(rows, bf16, r.name)[0]:>7.2f}x" if bf16 in names else f"{'':>8}"
@@ -365,6 +376,7 @@ def table(rows: list[DecodeRow], bandwidth: float | None = None) -> str:
 
 __all__ = [
     "FP32",
+    "NULL",
     "GROUPS",
     "bf16_from",
     "int8_from",

@@ -39,17 +39,13 @@ def ratio_spread(a, b) -> float:
     return middle_spread(a) + middle_spread(b)
 
 
-def amdahl_speedup(step_s: float, bytes_before: float, bytes_after: float, bandwidth: float) -> float:
-    """The whole step's speed-up when only its weight bytes shrink: the step is t = t₀ + bytes/bandwidth,
-    with t₀ = ``step_s`` − ``bytes_before``/``bandwidth`` (everything that is not streaming weights at the
-    measured bandwidth: norms, attention, sampling, Python, and the kernel's own shortfall), held fixed."""
-    for name, v in (("step_s", step_s), ("bytes_before", bytes_before), ("bytes_after", bytes_after)):
-        if not v > 0:
-            raise ValueError(f"{name} must be > 0, got {v!r}")
-    if not bandwidth > 0:
-        raise ValueError(f"bandwidth must be > 0 (bytes/s), got {bandwidth!r}")
-    t0 = max(step_s - bytes_before / bandwidth, 0.0)
-    return step_s / (t0 + bytes_after / bandwidth)
+def amdahl_speedup(t0_s: float, bytes_before: float, bytes_after: float, bandwidth: float) -> float:
+    """The whole step's predicted speed-up when only its weight bytes shrink: the step is
+    t = t₀ + bytes/bandwidth with t₀ the *measured* fixed part (``step_model``: the same step with
+    zero-byte layers), held fixed. A prediction: no time of either format enters it."""
+    from course_lib.compression.step_model import predicted_speedup
+
+    return predicted_speedup(t0_s, bytes_before, bytes_after, bandwidth)
 
 
 def gemv_goal(fmt: str, speedup: float, spread: float | None = None):
@@ -87,14 +83,15 @@ def int4_follows_bytes_over_int8(speedup: float, byte_ratio: float, hot_over_col
 
 
 def decode_goal(fmt: str, speedup: float, amdahl_cap: float, spread: float | None = None):
-    """The benchmark's end-to-end goal for ``fmt`` against fp32; ``amdahl_cap`` is what the step's fixed
-    part allows (``amdahl_speedup``), printed as the reason of a miss."""
+    """The benchmark's end-to-end goal for ``fmt`` against fp32; ``amdahl_cap`` is what the measured fixed
+    part t₀ allows if ``fmt``'s kernels streamed at the measured bandwidth (fp32's measured step ÷
+    (t₀ + bytes/bandwidth)), printed as the reason of a miss."""
     if fmt not in DECODE_GOALS:
         raise ValueError(f"fmt must be one of {list(DECODE_GOALS)}, got {fmt!r}")
     goal = DECODE_GOALS[fmt]
     why = (
-        f"Amdahl: with this step's non-weight time held fixed, {fmt}'s bytes allow at most {amdahl_cap:.2f}x, "
-        "below the goal"
+        f"Amdahl: with this step's measured non-weight time held fixed, {fmt}'s bytes allow at most "
+        f"{amdahl_cap:.2f}x, below the goal"
         if amdahl_cap < goal
         else f"Amdahl allows {amdahl_cap:.2f}x: the {fmt} kernels stream below the measured bandwidth"
     )
@@ -108,18 +105,19 @@ def decode_goal(fmt: str, speedup: float, amdahl_cap: float, spread: float | Non
 
 
 def matches_amdahl(name: str, speedup: float, predicted: float, spread: float | None = None):
-    """``name``'s measured whole-model speed-up is within ±25% of the Amdahl prediction from its bytes."""
+    """``name``'s measured whole-model speed-up is within ±25% of the Amdahl prediction from its bytes, the
+    measured bandwidth and the measured t₀ (``amdahl_speedup``)."""
     if not predicted > 0:
         raise ValueError(f"predicted must be > 0, got {predicted!r}")
     return claim(
         f"{name}: the whole-model speed-up is within ±{AMDAHL_TOLERANCE:.0%} of Amdahl's prediction "
-        f"from its bytes ({predicted:.2f}x)",
+        f"from its bytes and the measured t0 ({predicted:.2f}x)",
         speedup / predicted,
         at_least=1 - AMDAHL_TOLERANCE,
         at_most=1 + AMDAHL_TOLERANCE,
         spread=spread,
-        why_not="its kernel streams at a different rate than fp32's (above: it beats fp32's kernel; below: "
-        "it does extra work per byte)",
+        why_not="its kernels stream at a different share of the bandwidth than fp32's (above: they beat fp32's "
+        "kernels on these shapes; below: they do extra work per byte)",
     )
 
 
@@ -152,6 +150,32 @@ def gptq_cuts_rtn_loss(rtn_rel: float, gptq_rel: float):
     )
 
 
+def awq_cuts_rtn_loss(rtn_rel: float, awq_rel: float):
+    """AWQ (Lin et al., 2023) cuts round-to-nearest's perplexity cost by at least a quarter at the same
+    format, as GPTQ must: awq_rel ≤ 0.75 · rtn_rel."""
+    if not rtn_rel > 0:
+        raise ValueError(f"rtn_rel must be > 0 (RTN's relative perplexity cost), got {rtn_rel!r}")
+    return claim(
+        "AWQ cuts round-to-nearest's perplexity cost by at least a quarter at int4 g64 (recorded run)",
+        awq_rel / rtn_rel,
+        at_most=0.75,
+        why_not="the salient channels are not where the mean |x| says, or one α per layer is too coarse",
+    )
+
+
+def awq_at_most_gptq(gptq_rel: float, awq_rel: float):
+    """AWQ costs no more perplexity than GPTQ at the same format (Lin et al., 2023, report AWQ at or below
+    GPTQ at int4 g128 on LLaMA and OPT): awq_rel ≤ gptq_rel."""
+    if not gptq_rel > 0:
+        raise ValueError(f"gptq_rel must be > 0 (GPTQ's relative perplexity cost), got {gptq_rel!r}")
+    return claim(
+        "AWQ costs no more perplexity than GPTQ at int4 g64 (recorded runs, the same held tokens)",
+        awq_rel / gptq_rel,
+        at_most=1.0,
+        why_not="on this model GPTQ's error feedback buys more than AWQ's channel scaling",
+    )
+
+
 def smoothing_helps(plain: float, smoothed: float, outlier: float):
     """With an ``outlier``× channel, SmoothQuant cuts the other channels' int8 error at least 3×."""
     if not smoothed > 0:
@@ -169,6 +193,8 @@ __all__ = [
     "FOLLOWS_BYTES",
     "GEMV_GOALS",
     "amdahl_speedup",
+    "awq_at_most_gptq",
+    "awq_cuts_rtn_loss",
     "middle_spread",
     "ratio_spread",
     "decode_goal",

@@ -59,6 +59,22 @@ def formula_gamma_near_best(rows: Sequence[SpecRow]) -> Verdict:
     )
 
 
+def formula_gamma_near_best_across_prompts(summary) -> Verdict:
+    """The formula's best γ (pooled α and c, of those swept) is one of the γs the prompts cannot tell from
+    the measured best (``prompt_sweep.near_best_gammas``: median ± spread across prompts)."""
+    from course_lib.decoding.prompt_sweep import formula_best_gamma, measured_best, near_best_gammas
+
+    g, b, near = formula_best_gamma(summary), measured_best(summary), near_best_gammas(summary)
+    return claim(
+        f"over {len(b.speedups)} prompts, the formula's best γ ({g}) is among the γs they cannot tell from the "
+        f"measured best ({near})",
+        float(g in near),
+        at_least=1.0,
+        why_not=f"γ={g} measured clearly slower than γ={b.gamma} on these prompts: acceptance is not i.i.d. "
+        "and a verify forward costs more than a plain step",
+    )
+
+
 def speedup_at_least(row: SpecRow, goal: float, statement: str, why_not: str = "") -> Verdict:
     """The row's speed-up (0 unless its output was token-identical) ≥ ``goal``, with its spread."""
     return claim(statement, row.speedup * row.identical, at_least=goal, spread=_spread(row), why_not=why_not)
