@@ -214,3 +214,12 @@ def test_gptq_engine_has_lower_perplexity_than_rtn(engine):
     ppl_rtn = perplexity(rtn, max_tokens=8192)
     ppl_gptq = perplexity(gptq, max_tokens=8192)
     assert ppl_gptq < ppl_rtn, (ppl_gptq, ppl_rtn)
+
+
+def test_a_forward_stopped_after_the_last_recorded_layer_records_the_same_inputs(engine):
+    """Without lm_head among the names, calibration stops after the last recorded decoder layer (no logits):
+    the Hessians equal those of the full forward, which runs when lm_head is recorded too."""
+    short = collect_inputs(engine, names=["layers.1.qkv", "layers.2.down"], n_samples=2, seq_len=16)
+    full = collect_inputs(engine, names=["layers.1.qkv", "layers.2.down", "lm_head"], n_samples=2, seq_len=16)
+    for n in short:
+        torch.testing.assert_close(short[n], full[n], rtol=0, atol=0)

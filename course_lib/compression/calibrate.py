@@ -92,6 +92,22 @@ def layer_names(engine, names) -> list[str]:
     return names
 
 
+def _forward_until(model, ids: torch.Tensor, names) -> None:
+    """Run (B, T) ids through the model only as far as the last layer in ``names`` needs: no LM head (and
+    its (B, T, V) logits) unless ``lm_head`` is recorded, no decoder layer after the last recorded one."""
+    if "lm_head" in names:
+        model.dense_logits(ids)
+        return
+    from course_lib.engine.attention import NoCacheBackend
+
+    stop = 1 + max(int(n.split(".")[1]) for n in names)
+    B, T = ids.shape
+    backend = NoCacheBackend(max(T, 1))
+    positions = torch.arange(T, device=ids.device).repeat(B)
+    meta = backend.prepare([backend.allocate() for _ in range(B)], [T] * B, positions)
+    model.run_layers(model.embed(ids.reshape(-1)), positions, meta, backend, stop=stop)
+
+
 def record_linear_inputs(engine, names, batches, make_recorder) -> dict:
     """Run ``batches`` of token ids ((B, T) tensors) through ``engine.model`` with every linear layer in
     ``names`` (None: all) temporarily replaced by ``make_recorder(layer)``, a wrapper that sees the
@@ -103,7 +119,7 @@ def record_linear_inputs(engine, names, batches, make_recorder) -> dict:
         for n, rec in recorders.items():
             engine.model.set_linear(n, rec)
         for ids in batches:
-            engine.model.dense_logits(ids)
+            _forward_until(engine.model, ids, names)
     finally:
         for n in recorders:
             engine.model.set_linear(n, layers[n])
