@@ -221,6 +221,7 @@ def decode_bytes_per_token(shape, fmt: str, head: str | None = None) -> float:
 RECORDED_FORMATS = {
     "fp32": ("fp32", "fp32", "fp32"),
     "int8": ("int8", "int8", "q8_0"),
+    "int8-dyn": ("int8", "int8", "q8_0"),  # the same bytes: int8 weights, activations rounded to int8 per call
     "int4": ("int4", "int8", "q4_1"),
 }
 
