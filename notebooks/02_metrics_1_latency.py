@@ -652,7 +652,7 @@ else:
 #
 # *Predict.* Which lever cuts the op count, and which the time? A fused eager step still dispatches
 # every view and every small op from Python; only the compiler or the graph takes them out of Python.
-# The goal for tiny-target: a decode at batch 1 at least 3× HF `generate`.
+# The course's goal for the engine (`benchmarks/ledger.py` tracks it) on tiny-target: a decode at batch 1 at least 3× HF `generate`.
 #
 # *Measure.* One decode step of one sequence at 64 tokens of context (forward, greedy argmax, the token
 # to the host), the ops it dispatches counted as in section 2, and the engine's whole decode loop beside

@@ -361,7 +361,7 @@ not_the_goal = utilization_checks.low_mfu_can_be_optimal(
 # ### The products at the roof: one GEMV per weight format, and the peer
 #
 # A batch-1 decode step is a chain of GEMVs: one row times every weight. Its MBU can only be as high as
-# those products read their weights, so the course's speed issue sets a goal for them alone: the
+# those products read their weights, so the course's performance ledger (`benchmarks/ledger.py`) sets a goal for them alone: the
 # decode-shaped products (1-4 rows) of the fp32, int8 and int4 layers read their weight at ≥ 75% of
 # STREAM, on a matrix far bigger than the cache. The cell times one square weight in each format, on
 # the kernel the engine uses for it (fp32 `F.linear` and oneDNN-packed; int8 per channel
@@ -408,7 +408,7 @@ else:
 # The same roof for the whole engine, from a recorded run (quick mode cannot afford llama.cpp's load and
 # three formats of SmolLM2): the course engine beside llama.cpp on the same SmolLM2 weights at batch 1,
 # decode tokens/s turned into bytes/s (tokens/s × the bytes one step reads in that format: Q8_0 stores
-# 34 bytes per 32 weights, Q4_1 20), against this machine's bandwidth, with the issue's goals for the
+# 34 bytes per 32 weights, Q4_1 20), against this machine's bandwidth, with the ledger's goals for the
 # engine ÷ llama.cpp ratio.
 
 # %%
