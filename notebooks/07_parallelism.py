@@ -782,19 +782,26 @@ claim(
 # token. Micro-batch j's next step enters stage 0 as soon as its token is back from the last stage, while
 # the other micro-batches are still in the pipe: in the steady state a stage works m·t per round and one
 # micro-batch's round trip takes p·(t + c) (c one hand-off), so a stage idles 1 − m·t / max(m·t, p·(t + c)).
-# At m = 1 that is 0.5 on 2 stages by construction; from m ≥ p (a little more, to cover the hand-offs) the
-# stages never wait. Each sequence still gets one token per round, so its time per output token (TPOT) is
-# a round: **pipeline parallelism does not lower TPOT**; it buys room (each GPU holds 1/p of the weights and
-# of the KV cache, so a larger batch fits) and keeps the stages busy while that batch decodes. The same
-# launch ran `decode_tokens` steps for each m, timed on the stages; the rows drop the prefill, the first
-# step (the fill) and the last (the drain). Beside the idle share: the replay (the same run re-timed with
-# each slot's CPU time under decode's dependencies, a core per stage, hand-offs of the measured c; "c = 0"
-# with free ones), the share of the span each stage sat
-# blocked in a receive, the share in which both stages computed at once (near 1 when the pipeline is full),
-# and CPU/wall inside the slots (below 1: the OS ran another program on the core). Each rank runs one torch
-# thread (`launch` sets it), and every receive is posted a step ahead: gloo moves a message only once its
-# receive is posted, and posting each step's receives when the step began made every round wait for one
-# rendezvous on both ranks (an earlier version of this code did so).
+# At m = 1 that is 0.5 on 2 stages by construction; from m ≥ p (a little more, to cover the hand-offs) equal
+# stages never wait. A language model's stages are not equal: the last one also runs the LM head and the
+# sampling. With stage times t_s a round lasts max(m·max t_s, Σ(t_s + c)) and the stages idle 1 −
+# m·mean(t_s) / that on average, so the lighter stage waits for the busiest one at any m, up to 1 − mean/max
+# (`steady_idle_stages`: the "predicted" column; "equal" is the equal-stage formula). Placing fewer layers
+# on the last stage is the fix (vLLM's `VLLM_PP_LAYER_PARTITION` sets the split). Each sequence still gets
+# one token per round, so its time per output token (TPOT) is a round: **pipeline parallelism does not lower
+# TPOT**; it buys room (each GPU holds 1/p of the weights and of the KV cache, so a larger batch fits) and
+# keeps the stages busy while that batch decodes. The same launch ran `decode_tokens` steps for each m,
+# timed on the stages; the rows drop the prefill, the first step (the fill) and the last (the drain). "stage
+# ms" is each stage's mean slot, stage 0 first. Beside the idle share: the replay (the same run re-timed
+# with each slot's CPU time under decode's dependencies, a core per stage, hand-offs of the measured c; "c =
+# 0" with free ones), the share of the span each stage sat blocked in a receive, the share that passed
+# outside any slot and any receive ("outside": handing results on, and the OS running something else), the
+# share in which both
+# stages computed at once (near 1 when the pipeline is full), and CPU/wall inside the slots (below 1: the OS
+# ran another program on the core). Each rank runs one torch thread (`launch` sets it), and every receive is
+# posted a step ahead: gloo moves a message only once its receive is posted, and posting each step's
+# receives when the step began made every round wait for one rendezvous on both ranks (an earlier version of
+# this code did so).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -806,11 +813,18 @@ fig, ax = plots.plot_decode_trace(dtl, steps=sorted({s.step for s in dtl.slots})
 display(fig)
 d1, dm = drows[0], drows[-1]
 claim(
-    f"in steady-state decode with m = {dm.m} > p micro-batches the stages idle no more than the measured "
-    f"hand-offs predict (1 − m·t / max(m·t, p·(t + c)) = {dm.predicted:.2f}) plus 0.10",
+    f"in steady-state decode with m = {dm.m} > p micro-batches the stages idle no more than their measured "
+    f"times and hand-offs predict (1 − m·mean t_s / max(m·max t_s, Σ(t_s + c)) = {dm.predicted:.2f}; "
+    f"{dm.equal_stages:.2f} if the stages were equal) plus 0.10",
     dm.idle - dm.predicted,
     at_most=0.10,
     why_not=pp_decode.idle_cause(dm),
+)
+claim(
+    f"micro-batches in flight fill the pipeline: steady-state decode at m = {dm.m} idles at most half as much as at m = 1",
+    dm.idle / d1.idle,
+    at_most=0.5,
+    why_not="the extra micro-batches did not overlap the stages: read the overlap and outside columns",
 )
 claim(
     f"micro-batches in flight do not lower TPOT: a sequence waits at least as long per token at m = {dm.m} as at m = 1",
@@ -1030,8 +1044,8 @@ ch07.check_link_vs_memory(answer, beta=fits["all_reduce"].beta, bandwidth=peaks.
 #   past p = Hkv each KV head is replicated (vLLM's rule). SmolLM2's 9 query heads split 3 ways, and TP = 3
 #   gives one process's tokens.
 # * Pipeline parallelism: one pass (a prefill) idles (p − 1)/(m + p − 1), a little more with the hand-offs;
-#   decode keeps micro-batches in flight across steps, idles nothing once m ≥ p covers the hand-offs, and
-#   never lowers TPOT: it buys memory for a larger batch.
+#   decode keeps micro-batches in flight across steps, idles only what unequal stages leave once m ≥ p
+#   covers the hand-offs, and never lowers TPOT: it buys memory for a larger batch.
 # * Replicas need no communication; a second one gains what the engine's own times allow, up to 2× only
 #   when one engine's batch is already full.
 # * Expert parallelism routes tokens to experts with two all-to-alls per MoE layer, paced by the busiest

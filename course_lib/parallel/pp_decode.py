@@ -5,7 +5,9 @@ bubble of ``pp_schedule``, which a prefill pays once): micro-batch j's next step
 as its token is back from the last stage, while the other micro-batches are still in the pipe. In the
 steady state a stage works m · t per round (t: one micro-batch on one stage) and one micro-batch's round
 trip takes p · (t + c) (c: one hand-off), so the idle share is 1 − m·t / max(m·t, p·(t + c)): with m = 1
-on 2 stages 0.5 by construction (one stage works while the other waits), and from m ≥ p(t + c)/t on none.
+on 2 stages 0.5 by construction (one stage works while the other waits), and from m ≥ p(t + c)/t on none — with equal stages. Unequal ones (the last carries the LM head and the
+sampling) idle 1 − m·mean(t_s) / max(m·max(t_s), Σ(t_s + c)) (``steady_idle_stages``, the prediction the
+rows use): the lighter stages wait for the busiest one whatever m is.
 Each sequence still gets one token per round, so pipelining never lowers the time per output token (TPOT)
 below one pass through every stage. ``decode_rows`` reads the decode steps of ``measure_bubble``'s
 ("decode", m) timelines — dropping the prefill, the first decode step (the fill) and the last (the drain)
@@ -27,10 +29,27 @@ from course_lib.parallel.pp_schedule import Slot, Timeline
 
 
 def steady_idle(p: int, m: int, t_slot: float, t_comm: float) -> float:
-    """Predicted idle share of a stage in steady-state decode: 1 − m·t / max(m·t, p·(t + c))."""
+    """Predicted idle share of a stage in steady-state decode, equal stages: 1 − m·t / max(m·t, p·(t + c))."""
     if t_slot <= 0 or t_comm < 0:
         raise ValueError(f"t_slot must be > 0 and t_comm >= 0, got {t_slot!r}, {t_comm!r}")
     return 1 - m * t_slot / max(m * t_slot, p * (t_slot + t_comm))
+
+
+def steady_idle_stages(m: int, t_stages, t_comm: float) -> float:
+    """Predicted mean idle share of the stages in steady-state decode when they take unequal times t_s.
+
+    A round lasts R = max(m · max_s t_s, Σ_s (t_s + c)): the busiest stage's m slots, or one micro-batch's
+    round trip through every stage, whichever is longer. Stage s works m · t_s of it, so the stages idle
+    1 − m · mean(t_s) / R on average. With equal stages this is ``steady_idle``; with unequal ones it never
+    reaches 0: the lighter stages wait for the busiest one whatever m is (1 − mean/max at large m) — the
+    last stage of a language model carries the LM head and the sampling, so its stages are never equal."""
+    ts = [float(t) for t in t_stages]
+    if not ts or min(ts) <= 0 or t_comm < 0 or m < 1:
+        raise ValueError(
+            f"t_stages must be positive seconds per stage, t_comm >= 0 and m >= 1, got {t_stages!r}, {t_comm!r}, {m!r}"
+        )
+    rnd = max(m * max(ts), sum(ts) + len(ts) * t_comm)
+    return 1 - m * (sum(ts) / len(ts)) / rnd
 
 
 @dataclass(frozen=True)
@@ -39,7 +58,7 @@ class DecodeRow:
 
     m: int
     idle: float  # measured: 1 − busy / Σ stage spans over the steady-state steps (each stage's whole rounds)
-    predicted: float  # steady_idle(p, m, t_slot, t_comm) from the measured t and c
+    predicted: float  # steady_idle_stages(m, t_stages, t_comm): the measured per-stage t_s and c
     t_slot: float  # mean seconds of one micro-batch on one stage (decode)
     t_comm: float  # mean hand-off: next stage's start − this stage's end, where the next stage sat idle waiting
     tpot: float  # median seconds between a sequence's successive tokens (last stage, same micro-batch)
@@ -50,6 +69,14 @@ class DecodeRow:
     cpu_share: float = 1.0  # CPU time / wall time inside the steady slots (< 1: the OS ran another program)
     replay_idle: float = float("nan")  # replay_decode's idle: the run with a core per stage, hops of t_comm
     replay_free: float = float("nan")  # ... with free hops: the schedule and the measured CPU work alone
+    t_stages: tuple = ()  # mean seconds of one micro-batch on each stage (decode), stage 0 first
+    outside: float = 0.0  # share of the span neither inside a slot nor blocked in a receive (idle − blocked)
+    equal_stages: float = float("nan")  # steady_idle(p, m, t_slot, t_comm): the prediction if stages were equal
+
+    @property
+    def imbalance(self) -> float:
+        """The busiest stage's slot time over the mean stage's (1: equal stages)."""
+        return max(self.t_stages) / (sum(self.t_stages) / len(self.t_stages)) if self.t_stages else 1.0
 
 
 def _steady(tl: Timeline) -> list:
@@ -121,7 +148,16 @@ def idle_cause(row: DecodeRow) -> str:
         f"{row.replay_idle:.2f} with this run's {row.t_comm * 1e3:.2f} ms ones"
     )
     if row.replay_free >= row.idle - 0.05:
-        return f"the schedule itself: {core} (unequal stages, or too few micro-batches to cover a round trip)"
+        if row.replay_free > row.predicted + 0.05:
+            return (
+                f"the schedule itself, through slot-to-slot variation: {core}, above the {row.predicted:.2f} that "
+                f"the stages' mean times predict (busiest stage {row.imbalance:.2f}× the mean): slots that vary "
+                "from one step to the next leave the next stage waiting even where the means balance"
+            )
+        return (
+            f"the schedule itself: {core} (the busiest stage is {row.imbalance:.2f}× the mean, and m = {row.m} "
+            "micro-batches may be too few to cover a round trip)"
+        )
     if row.cpu_share < 0.8:
         return (
             f"the machine, not the schedule: {core}, but inside the slots the stages got only {row.cpu_share:.2f} "
@@ -131,6 +167,15 @@ def idle_cause(row: DecodeRow) -> str:
         )
     if row.replay_idle >= row.idle - 0.05:
         return f"the hand-offs: {core}; a round trip of p·(t + c) outlasts the m·t of work per round"
+    excess = row.idle - row.replay_idle
+    if row.outside >= excess / 2:
+        return (
+            f"time between the slots: the stages idled {row.idle:.2f} of the span, {excess:.2f} more than the "
+            f"replay with a core per stage ({row.replay_idle:.2f}); only {row.blocked:.2f} of it was spent blocked "
+            f"in a receive and {row.outside:.2f} passed outside any slot and any wait — the Python that hands each "
+            "result on, and, with fewer free cores than processes, the OS running the other rank or the notebook "
+            f"(CPU/wall inside the slots {row.cpu_share:.2f})"
+        )
     return (
         f"waiting on messages: the stages sat {row.blocked:.0%} of the span blocked in a receive while the "
         f"replay with a core per stage idles {row.replay_idle:.2f}"
@@ -150,6 +195,7 @@ def decode_row(tl: Timeline, batch: int, replay: bool = True) -> DecodeRow:
     span = sum(spans) / p
     busy = sum(s.end - s.start for s in slots)
     t_slot = busy / len(slots)
+    t_stages = tuple(statistics.mean(s.end - s.start for s in slots if s.stage == st) for st in range(p))
     by = {(s.stage, s.step, s.micro): s for s in tl.slots}
     free_at = {}  # (stage, step, micro) -> when that stage finished its slot before this one
     for st in range(p):
@@ -188,7 +234,7 @@ def decode_row(tl: Timeline, batch: int, replay: bool = True) -> DecodeRow:
     return DecodeRow(
         m,
         1 - busy / (p * span),
-        steady_idle(p, m, t_slot, t_comm),
+        steady_idle_stages(m, t_stages, t_comm),
         t_slot,
         t_comm,
         statistics.median(gaps),
@@ -199,6 +245,9 @@ def decode_row(tl: Timeline, batch: int, replay: bool = True) -> DecodeRow:
         cpu_share,
         replay_idle,
         replay_free,
+        t_stages=t_stages,
+        equal_stages=steady_idle(p, m, t_slot, t_comm),
+        outside=max(1 - busy / (p * span) - blocked, 0.0),
     )
 
 
@@ -212,14 +261,15 @@ def decode_rows(runs: dict, batch: int) -> list[DecodeRow]:
 
 def format_decode_rows(rows) -> str:
     head = (
-        f"{'m':>3}{'idle':>7}{'predicted':>11}{'replay':>8}{'c = 0':>7}{'slot ms':>9}{'hop ms':>8}{'TPOT ms':>9}{'tok/s':>8}"
-        f"{'blocked':>9}{'overlap':>9}{'CPU/wall':>10}"
+        f"{'m':>3}{'idle':>7}{'predicted':>11}{'equal':>7}{'replay':>8}{'c = 0':>7}{'stage ms':>13}{'hop ms':>8}"
+        f"{'TPOT ms':>9}{'tok/s':>8}{'blocked':>9}{'outside':>9}{'overlap':>9}{'CPU/wall':>10}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
+        st = "/".join(f"{t * 1e3:.2f}" for t in r.t_stages) if r.t_stages else f"{r.t_slot * 1e3:.2f}"
         lines.append(
-            f"{r.m:>3}{r.idle:>7.2f}{r.predicted:>11.2f}{r.replay_idle:>8.2f}{r.replay_free:>7.2f}{r.t_slot * 1e3:>9.2f}"
-            f"{r.t_comm * 1e3:>8.2f}{r.tpot * 1e3:>9.2f}{r.tokens_per_s:>8.0f}{r.blocked:>9.2f}{r.overlap:>9.2f}"
+            f"{r.m:>3}{r.idle:>7.2f}{r.predicted:>11.2f}{r.equal_stages:>7.2f}{r.replay_idle:>8.2f}{r.replay_free:>7.2f}"
+            f"{st:>13}{r.t_comm * 1e3:>8.2f}{r.tpot * 1e3:>9.2f}{r.tokens_per_s:>8.0f}{r.blocked:>9.2f}{r.outside:>9.2f}{r.overlap:>9.2f}"
             f"{r.cpu_share:>10.2f}"
         )
     return "\n".join(lines)
@@ -233,4 +283,5 @@ __all__ = [
     "idle_cause",
     "replay_decode",
     "steady_idle",
+    "steady_idle_stages",
 ]
