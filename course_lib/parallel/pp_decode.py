@@ -167,19 +167,19 @@ def idle_cause(row: DecodeRow) -> str:
         )
     if row.replay_idle >= row.idle - 0.05:
         return f"the hand-offs: {core}; a round trip of p·(t + c) outlasts the m·t of work per round"
-    excess = row.idle - row.replay_idle
-    if row.outside >= excess / 2:
-        return (
-            f"time between the slots: the stages idled {row.idle:.2f} of the span, {excess:.2f} more than the "
-            f"replay with a core per stage ({row.replay_idle:.2f}); only {row.blocked:.2f} of it was spent blocked "
-            f"in a receive and {row.outside:.2f} passed outside any slot and any wait — the Python that hands each "
-            "result on, and, with fewer free cores than processes, the OS running the other rank or the notebook "
-            f"(CPU/wall inside the slots {row.cpu_share:.2f})"
-        )
-    return (
-        f"waiting on messages: the stages sat {row.blocked:.0%} of the span blocked in a receive while the "
-        f"replay with a core per stage idles {row.replay_idle:.2f}"
+    waited = max(row.blocked - row.replay_idle, 0.0)  # blocked beyond what the schedule's own waits explain
+    split = (
+        f"the stages idled {row.idle:.2f} of the span against the replay's {row.replay_idle:.2f} with a core per "
+        f"stage; beyond it, {waited:.2f} more was spent blocked in receives and {row.outside:.2f} outside any slot "
+        "and any wait"
     )
+    if row.outside >= waited:
+        return (
+            f"time between the slots: {split} — the Python that hands each result on and, with fewer free cores "
+            f"than processes, the OS running the other rank or the notebook (CPU/wall inside the slots "
+            f"{row.cpu_share:.2f})"
+        )
+    return f"waiting on messages: {split} — a message waits for the receiving process to be scheduled"
 
 
 def decode_row(tl: Timeline, batch: int, replay: bool = True) -> DecodeRow:
