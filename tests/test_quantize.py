@@ -156,3 +156,13 @@ def test_quantized_engine_reads_fewer_bytes_and_still_generates():
         quantize_engine(eng, QuantConfig(4, False, "group", 64))
     r4 = quantize_engine(fp, QuantConfig(4, False, "group", 64), include_lm_head=False)
     assert "lm_head" not in r4.layers and r4.ratio > 6
+
+
+def test_quantizing_a_weight_that_requires_grad_keeps_no_autograd_graph():
+    # a tied LM head is the embedding's Parameter: quantizing it must not record (and keep) a graph
+    w = torch.nn.Parameter(torch.randn(64, 32))
+    for config in (QuantConfig(8, True, "channel"), QuantConfig(4, False, "group", 16)):
+        qw = quantize(w, config)
+        assert qw.scale.grad_fn is None and qw.zero.grad_fn is None and not qw.scale.requires_grad
+        ref = quantize(w.detach().clone(), config)
+        assert torch.equal(qw.data, ref.data) and torch.equal(qw.scale, ref.scale)

@@ -141,7 +141,9 @@ def qparams(w: torch.Tensor, config: QuantConfig) -> tuple[torch.Tensor, torch.T
     check_weight(w, config)
     out, inp = w.shape
     g = {"tensor": inp, "channel": inp, "group": config.group_size}[config.granularity]
-    x = w.float().reshape(out, inp // g, g)  # (out, groups, g)
+    # detach: a weight that requires grad (a tied LM head is the embedding's Parameter) would otherwise
+    # record every temporary here in an autograd graph that the scales keep alive (~4× the chunk's bytes)
+    x = w.detach().float().reshape(out, inp // g, g)  # (out, groups, g)
     if config.granularity == "tensor":
         x = x.reshape(1, 1, -1)
     levels = 2**config.bits - 1
@@ -163,7 +165,7 @@ def quantize_with(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, conf
     check_weight(w, config)
     out, inp = w.shape
     groups = scale.shape[1]
-    x = w.float().reshape(out, groups, inp // groups)
+    x = w.detach().float().reshape(out, groups, inp // groups)  # detach: see qparams
     q = torch.round((x - zero[..., None]) / scale[..., None]).clamp_(config.qmin, config.qmax).reshape(out, inp)
     if config.bits == 8:
         data = q.to(torch.int8)
