@@ -687,7 +687,7 @@ my_prefix_ttft_cut = None
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-spt = traces["shared_prefix"]
+spt = head(traces["shared_prefix"], pick(16, 32))  # quick mode: the first half, 12 of them sharing (75%)
 sharing_ids = [i for i, r in enumerate(spt.requests) if r.prefix_group is not None]
 ttft = {}
 for on in (False, True):
@@ -932,12 +932,12 @@ from openai import OpenAI  # noqa: E402
 from course_lib.serving import loadgen, server  # noqa: E402
 
 requests = loadgen.schedule(
-    [loadgen.TimedRequest(0.0, engine.tokenizer.decode(pool[i * 40 : i * 40 + 32]), 32) for i in range(pick(12, 48))],
+    [loadgen.TimedRequest(0.0, engine.tokenizer.decode(pool[i * 40 : i * 40 + 32]), 32) for i in range(pick(8, 48))],
     rate=8.0,
     seed=0,
 )
 device = "cuda" if CUDA else "cpu"
-in_process_engine = Engine("tiny-target", device=device)
+in_process_engine = engine  # the notebook's engine, idle since section 7, built as the servers' engines are
 runs = {"in-process": [], "thread server": [], "process server": []}
 with (
     server.serve(server.EngineProcess("tiny-target", threads=1, device=device), max_queue=64) as handle,
@@ -955,7 +955,7 @@ with (
     print(f"streamed in {len(pieces)} chunks; same text: {''.join(pieces) == done.choices[0].text}")
     # an untimed warm-up burst first: each engine meets its first batch shapes and packs its weights for the
     # CPU kernels then; then interleaved rounds, so a burst of load on the machine hits all three alike
-    for r, reqs in enumerate([requests[:8]] + [requests] * pick(2, 3)):
+    for r, reqs in enumerate([requests[:8]] + [requests] * 3):  # quick mode: 3 rounds of 8 requests, full: of 48
         reqs = loadgen.schedule([(q.prompt, 8) for q in reqs]) if r == 0 else reqs  # all at once, 8 tokens each
         results = {
             "in-process": loadgen.measure_engine(in_process_engine, reqs, slo=SLO_),
@@ -1014,7 +1014,7 @@ claim(
     1 + overhead["process server"],
     at_most=1.10,
     spread=round_spread,
-    why_not=f"a few rounds of a dozen requests on a shared 2-core machine: the rounds above differ by ±{round_spread:.0%}, "
+    why_not=f"a few rounds of {len(requests)} requests on a shared 2-core machine: the rounds above differ by ±{round_spread:.0%}, "
     "and anything else running takes the engine process's core; benchmarks/server_overhead.py runs more rounds",
 )
 
