@@ -1314,7 +1314,7 @@ del chat_server, chat_client, chat_engine, chat_prompts  # and the tokenizer its
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-online = head(traces["poisson_small"], pick(16, 32))
+online = head(traces["poisson_small"], pick(12, 32))
 offline = Trace(
     [
         type(r)(0.0, *[getattr(r, f) for f in ("prompt_len", "max_new_tokens", "offset", "prefix_group", "prefix_len")])
