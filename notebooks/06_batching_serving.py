@@ -781,13 +781,14 @@ print(f"prefill tokens computed at 512 tokens: FCFS {f512.computed:,}, LPM {l512
 fig, ax = plt.subplots(figsize=(6, 3.5), dpi=80)
 xs = [c or ca_tokens for c in ca_caps]
 for pol, style in (("fcfs", "s--"), ("lpm", "o-")):
-    ax.plot(xs, [ca_runs[pol][c].hit_rate for c in ca_caps], style, label=pol.upper())
+    ax.plot(xs, [ca_runs[pol][c].hit_rate for c in ca_caps], style, label=f"{pol.upper()}, radix tree")
+ax.plot(xs, [blk[c] for c in ca_caps], "^:", label="hash blocks of 16, FCFS")
 ax.axhline(bound, color="gray", lw=0.8, ls=":", label="bound: each trie token once")
 ax.axvline(4 * 256, color="gray", lw=0.8, label="the four prefixes")
 ax.set_xscale("log", base=2)
 ax.set_xlabel("cache capacity, tokens (right end: room for all)")
 ax.set_ylabel("prompt tokens found cached")
-ax.set_title("Longest-prefix-match first keeps prefixes in use")
+ax.set_title("Scheduling order under a bounded prefix cache")
 ax.legend(fontsize=8)
 plt.show()
 ca.gain_verdict(f512, l512, at_least=0.10)
