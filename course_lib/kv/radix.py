@@ -7,9 +7,10 @@ name hashes its parent's name and its tokens: ``engine.attention.block_manager``
 that does not fill a block is never shared. SGLang (Zheng et al., 2024) stores every cached sequence in a
 radix tree whose edges are runs of tokens: a match is token-granular, and eviction drops the least recently
 used *leaves* (a shared prefix outlives its branches). :class:`RadixCache` does ``insert`` / ``match`` /
-``evict`` with a capacity in tokens; :func:`hit_rates` replays a stream through it and through a
-``BlockManager`` of the same capacity; :func:`multi_turn_stream` draws conversations that share a system
-prompt, each turn resending the whole history. Introduced in 05_attention_kv_cache.ipynb."""
+``evict`` with a capacity in tokens (``peek`` matches without touching the LRU clock); :func:`hit_rates`
+replays a stream through it and through a ``BlockManager`` of the same capacity; :func:`multi_turn_stream`
+draws conversations that share a system prompt, each turn resending the whole history.
+Introduced in 05_attention_kv_cache.ipynb."""
 
 from __future__ import annotations
 
@@ -61,6 +62,11 @@ class RadixCache:
     def match(self, ids) -> int:
         """Length of the longest cached prefix of ``ids``; marks the path used (LRU)."""
         _, n, k = self._walk(tuple(ids), touch=True)
+        return n + k
+
+    def peek(self, ids) -> int:
+        """Like :meth:`match`, but leaves the LRU clock alone: a scheduler ranking its queue only looks."""
+        _, n, k = self._walk(tuple(ids), touch=False)
         return n + k
 
     def insert(self, ids) -> None:

@@ -231,6 +231,17 @@ def event_fields(ev) -> tuple:
     return tuple(getattr(ev, f.name) for f in dataclasses.fields(ev))
 
 
+def _exit_now() -> None:
+    """Leave the child at once once it said "stopped": a normal exit spends about a second finalising torch
+    and transformers, and ``stop()`` would wait for it (the disaggregation workers do the same)."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _engine_process_main(conn, engine_kwargs: dict, threads: int | None, cpus: set[int] | None = None) -> None:
     """The child of ``EngineProcess``: build the engine, then take commands between steps and send each step's
     tokens back as one message."""
@@ -285,7 +296,7 @@ def _engine_process_main(conn, engine_kwargs: dict, threads: int | None, cpus: s
                     core.abort(rid)
                 conn.send(("batch", out, core.gauges()))
                 conn.send(("stopped",))
-                return
+                _exit_now()
             if engine.has_unfinished():
                 for item in core.step():  # a TokenEvent travels as a plain tuple: cheaper to pickle
                     if item[0] == "token":
