@@ -452,15 +452,17 @@ plt.show()
 # perplexity on held text against the reference (the dequantized Q4_1 weights), the share of positions
 # whose top token agrees, greedy chat answers. fbgemm rounds a call's activations on one grid (one scale,
 # one zero point) for every row of the call: at batch-1 decode that row is one token ("per token"); the
-# "per window" row puts 256 tokens of a window on one grid, as a prefill call would. The last line prints
-# the largest max |x| ÷ RMS of any layer's input on a held window, and the position it sits at.
+# "per window" row puts 256 tokens of a window on one grid, as a prefill call would. The last row gives
+# every block of 32 channels of a token its own scale, as llama.cpp's Q8_0 dot products do (simulated in
+# float). The last line prints the largest max |x| ÷ RMS of any layer's input on a held window, and the
+# position it sits at.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 dynq = int8_dyn_record.load_record()
 print(f"recorded {dynq['date']} on {dynq['machine']}, {dynq['threads']} thread(s), by: {dynq['command']}")
 print(dynq["held_text"])
-print(requant.quality_table([r for r in dynq["rows"] if "weight-only" not in r["format"]]))
+print(requant.quality_table([r for r in dynq["rows"] if "w-only" not in r["format"]]))
 top_layer, top = max(dynq["layer_activations"].items(), key=lambda kv: kv[1]["outlier"])
 print(f"largest input max|x| / RMS: {top['outlier']:.0f} ({top_layer}, position {top['at']} of the window)")
 

@@ -86,4 +86,42 @@ def test_load_record_names_a_missing_field(tmp_path):
         R.load_record(p)
     d = R.load_record()  # the committed record
     rows = {r["format"]: r for r in d["rows"]}
-    assert rows["int8 per-channel RTN"]["tokens"] == rows["int8-dyn, one scale per token"]["tokens"]
+    assert rows["int8 per-channel RTN"]["tokens"] == rows["int8-dyn, per token"]["tokens"]
+
+
+def test_round_blocks_gives_each_block_its_own_scale():
+    x = torch.tensor([[1.0, -0.5, 100.0, 2.0], [0.3, 0.2, 0.1, 0.0]])
+    y = R.round_blocks(x, 2)
+    assert torch.equal(
+        y[:, :2],
+        torch.round(x[:, :2] / (x[:, :2].abs().amax(-1, keepdim=True) / 127))
+        * (x[:, :2].abs().amax(-1, keepdim=True) / 127),
+    )
+    assert y[0, 2] == pytest.approx(100.0) and y[0, 3] == pytest.approx(2.0, abs=100 / 127 / 2)
+    assert (y[0, :2] - x[0, :2]).abs().max() < 1 / 127  # the outlier's block does not spoil its neighbour
+    whole = R.round_blocks(x, 4)  # one block per row: the outlier's scale for all four
+    assert (whole[0, :2] - x[0, :2]).abs().max() > 0.1
+    assert torch.equal(R.round_blocks(torch.zeros(2, 4), 2), torch.zeros(2, 4))
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="block must"):
+            R.round_blocks(x, bad)
+    with pytest.raises(ValueError, match="x must"):
+        R.round_blocks(torch.ones(2, 5), 2)
+
+
+def test_block_layers_on_tiny_target(target):
+    layers = R.block_layers(target, 32)
+    names = [n for n, _ in target.model.linears()]
+    assert list(layers) == names and all(isinstance(v, R.BlockRounded) for v in layers.values())
+    n0 = names[0]
+    lin = dict(target.model.linears())[n0]
+    x = torch.randn(3, lin.weight.shape[1])
+    want = torch.nn.functional.linear(R.round_blocks(x, 32), layers[n0].layer.weight, lin.bias)
+    assert torch.allclose(layers[n0](x), want) and layers[n0].out_features == lin.weight.shape[0]
+    with pytest.raises(ValueError, match="block must"):
+        R.BlockRounded(lin, 0)
+    with pytest.raises(ValueError, match="already quantized"):
+        from course_lib.compression.requant import swap
+
+        with swap(target, R.dynamic_layers(target)):
+            R.block_layers(target)

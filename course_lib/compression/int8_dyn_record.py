@@ -9,10 +9,12 @@ token stretches the grid for all of them (SmoothQuant's point, Xiao et al., 2023
 against the dequantized Q4_1 reference on the held windows of ``requant_record`` (``requant.compare_formats``:
 perplexity, teacher-forced agreement, greedy chat answers), three formats, the LM head in each as in the
 speed table: ``int8 per-channel RTN`` (weight-only, bf16 activations; it must equal that record's row),
-``int8-dyn, one scale per token`` (every call cut into single rows by ``RowChunked``: decode at batch 1)
-and ``int8-dyn, one scale per window`` (a window of 256 rows a call, as a prefill would be; the head gets
+``int8-dyn, per token`` (every call cut into single rows by ``RowChunked``: decode at batch 1)
+and ``int8-dyn, per window`` (a window of 256 rows a call, as a prefill would be; the head gets
 ``requant.score``'s 64 rows a call), then two diagnostics, per token with the down projections or the head
-kept weight-only (``dynamic_layers(weight_only=...)``), to say where the rounding costs. It writes
+kept weight-only (``dynamic_layers(weight_only=...)``), to say where the rounding costs, and the same
+int8 weights with activations rounded in blocks of 32 channels, each its own scale (``block_layers``:
+llama.cpp's Q8_0 layout, simulated in float). It writes
 ``data/measurements/smollm2-int8-dyn-quality.json`` with the machine and the command, plus each layer's
 input outlier ratio (max |x| ÷ RMS over a window, ``activation_outliers``), what a per-tensor grid pays for.
 Introduced in 03_compression.ipynb.
@@ -57,6 +59,58 @@ class RowChunked:
         if name in ("layer", "rows"):
             raise AttributeError(name)
         return getattr(self.layer, name)
+
+
+def round_blocks(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """``x`` rounded to int8 and back in blocks of ``block`` along its last axis, each with its own scale
+    max |x| / 127 (symmetric): the activation layout of llama.cpp's Q8_0 dot products (``block_q8_0``)."""
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be an int >= 1, got {block!r}")
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 1 or x.shape[-1] % block:
+        raise ValueError(f"x must be a float tensor whose last size divides into blocks of {block}")
+    xb = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    scale = xb.abs().amax(-1, keepdim=True) / 127
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (torch.round(xb / scale).clamp(-127, 127) * scale).reshape(x.shape)
+
+
+class BlockRounded:
+    """``layer`` fed ``round_blocks(x, block)``: int8 activations with one scale per ``block`` channels of
+    a token (llama.cpp's Q8_0 layout), simulated in float, to set beside fbgemm's one scale per call."""
+
+    def __init__(self, layer, block: int = 32) -> None:
+        if not callable(getattr(layer, "forward", None)):
+            raise ValueError(f"layer must have a forward(x) method, got {type(layer).__name__}")
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ValueError(f"block must be an int >= 1, got {block!r}")
+        self.layer, self.block = layer, block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer.forward(round_blocks(x, self.block))
+
+    __call__ = forward
+
+    def __getattr__(self, name):
+        if name in ("layer", "block"):
+            raise AttributeError(name)
+        return getattr(self.layer, name)
+
+
+def block_layers(engine, block: int = 32) -> dict:
+    """{name: ``BlockRounded``} for every float layer, the head too: the int8 per-channel weights of
+    ``dynamic_layers`` dequantized once (fp32 products, no other rounding), activations rounded per block."""
+    from course_lib.compression.decode_formats import INT8, quantize_chunked
+    from course_lib.compression.linear import WeightOnlyLinear
+    from course_lib.compression.quantize import dequantize
+    from course_lib.engine.layers import Linear
+
+    out = {}
+    for name, lin in engine.model.linears():
+        if isinstance(lin, WeightOnlyLinear) or not isinstance(lin, Linear):
+            raise ValueError(f"layer {name!r} is already quantized: give the float engine")
+        w = dequantize(quantize_chunked(lin.weight, INT8), lin.weight.dtype)
+        out[name] = BlockRounded(Linear(w, lin.bias), block)
+    return out
 
 
 def dynamic_layers(engine, rows_per_scale: int | None = None, weight_only: tuple[str, ...] = ()) -> dict:
@@ -155,10 +209,11 @@ def measure(n_windows: int = 8, max_new_tokens: int = 48, threads: int | None = 
     ids = requant.chat_ids(eng.tokenizer)
     formats = {
         "int8 per-channel RTN": lambda e: requant.quantized_layers(e, requant.INT8),
-        "int8-dyn, one scale per token": lambda e: dynamic_layers(e, rows_per_scale=1),
-        "int8-dyn, one scale per window": lambda e: dynamic_layers(e, rows_per_scale=256),
-        "int8-dyn per token, down weight-only": lambda e: dynamic_layers(e, 1, weight_only=("down",)),
-        "int8-dyn per token, head weight-only": lambda e: dynamic_layers(e, 1, weight_only=("lm_head",)),
+        "int8-dyn, per token": lambda e: dynamic_layers(e, rows_per_scale=1),
+        "int8-dyn, per window": lambda e: dynamic_layers(e, rows_per_scale=256),
+        "int8-dyn/token, down w-only": lambda e: dynamic_layers(e, 1, weight_only=("down",)),
+        "int8-dyn/token, head w-only": lambda e: dynamic_layers(e, 1, weight_only=("lm_head",)),
+        "int8 acts per 32 (Q8_0)": lambda e: block_layers(e, 32),
     }
     rows = requant.compare_formats(eng, windows, ids, formats, max_new_tokens)
     by = {r["format"]: r for r in rows}
