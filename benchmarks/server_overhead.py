@@ -127,7 +127,7 @@ def main() -> None:
         print(f"  {name:<15} {med * 1e3:.2f} ms → {rel:+.1%} (goal ≤ {args.goal:.0%}): {verdict}")
 
     batches = rec.batches_to_time(runs)
-    steps = rec.step_times(eng, batches, prompt_tokens=args.prompt_tokens)
+    steps = rec.step_times(eng, batches, prompt_tokens=args.prompt_tokens, steps=args.tokens, repeats=5)
     print(
         "\nin-process decode step, nothing else in it: "
         + ", ".join(f"batch {b} {s * 1e3:.2f} ms" for b, s in steps.items())

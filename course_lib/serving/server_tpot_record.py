@@ -19,6 +19,7 @@ fields checked. Introduced in 02_metrics_2_throughput_utilization.ipynb (the led
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import statistics
 import time
@@ -46,8 +47,8 @@ def decode_batch(results) -> float:
 def step_times(engine, batches, prompt_tokens: int = 32, steps: int = 16, repeats: int = 3) -> dict[int, float]:
     """{batch: median seconds of one decode step} of ``engine`` with ``batch`` requests decoding, nothing
     else in the step: the prompts prefilled first (untimed), then ``steps`` decode steps timed, ``repeats``
-    times. The engine must be idle."""
-    from course_lib.engine.sampling import SamplingParams
+    times. The engine must be idle. The steps run on a worker thread, as ``loadgen.measure_engine``'s and
+    the server's engine loop do (torch's CPU thread pool behaves differently on the main thread)."""
 
     batches = sorted(set(batches)) if not isinstance(batches, int) else [batches]
     if not batches or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batches):
@@ -57,6 +58,13 @@ def step_times(engine, batches, prompt_tokens: int = 32, steps: int = 16, repeat
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
     if engine.has_unfinished():
         raise RuntimeError("step_times needs an idle engine")
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="course-steps") as pool:
+        return pool.submit(_time_steps, engine, batches, prompt_tokens, steps, repeats).result()
+
+
+def _time_steps(engine, batches, prompt_tokens, steps, repeats) -> dict[int, float]:
+    from course_lib.engine.sampling import SamplingParams
+
     prompt = list(range(100, 100 + prompt_tokens))
     out = {}
     for b in batches:
