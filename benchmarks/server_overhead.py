@@ -1,6 +1,7 @@
 """Benchmark: what the HTTP server adds to p50 TPOT over in-process generation (chapter 06's ≤ 10% goal).
 
     python benchmarks/server_overhead.py [--requests 48] [--rate 8] [--tokens 32] [--rounds 3] [--threads 1]
+        [--json data/measurements/server-tpot-cpu.json]
 
 The same timed requests (vLLM-style: ``ignore_eos``, streaming, open loop) go three ways, in interleaved
 rounds so that a burst of load on the machine hits all three alike:
@@ -10,18 +11,29 @@ rounds so that a burst of load on the machine hits all three alike:
 The load generator (httpx, streaming) runs in this process in both server cases, as a client would.
 An untimed warm-up round comes first (each engine meets its first batch shapes and packs its weights then).
 Prints each round's p50 TPOT and TTFT, then the median over rounds and a PASS/MISS for each server against
-the goal (≤ 10% over in-process). Greedy outputs are checked identical across the three. Not a test.
+the goal (≤ 10% over in-process). Greedy outputs are checked identical across the three.
+Then issue 21's goal (the performance ledger's): each run's p50 TPOT ÷ the engine's own decode step at the
+batch that run decoded at (``serving.server_tpot_record``: the batch from the client's token times, the step
+timed in-process with that many requests decoding and nothing else), ≤ 1.3× for the thread server; written
+with the machine, the load average, the versions and the command to ``--json`` (``--json ''`` writes
+nothing). Not a test.
 """
 
 import argparse
+import os
+import platform
+import shlex
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from course_lib.engine import Engine
 from course_lib.measure.metrics import SLO
 from course_lib.serving import loadgen, prompt_pool, server
+from course_lib.serving import server_tpot_record as rec
 
 
 def main() -> None:
@@ -34,7 +46,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup-rounds", type=int, default=1, help="untimed rounds first")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of every engine")
-    ap.add_argument("--goal", type=float, default=0.10)
+    ap.add_argument("--goal", type=float, default=0.10, help="vs in-process TPOT (the ledger's goal is separate)")
+    ap.add_argument(
+        "--json",
+        default=str(Path(__file__).resolve().parents[1] / "data" / "measurements" / rec.OUT),
+        help="where to write the record ('' for nowhere)",
+    )
     ap.add_argument("--pin-child", action="store_true", help="pin only the engine process, to the last CPU")
     ap.add_argument("--no-thread-server", action="store_true", help="compare in-process with the process server only")
     ap.add_argument(
@@ -43,11 +60,15 @@ def main() -> None:
         help="pin this process (HTTP side, client, in-process baseline) to the first CPU, the engine process to the last",
     )
     args = ap.parse_args()
+    for name in ("requests", "tokens", "prompt_tokens", "rounds", "threads"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.rate <= 0:
+        ap.error(f"--rate must be > 0, got {args.rate:g}")
+    load_before = os.getloadavg()
     torch.set_num_threads(args.threads)
-    cpus = {max(__import__("os").sched_getaffinity(0))} if args.pin_child else None
+    cpus = {max(os.sched_getaffinity(0))} if args.pin_child else None
     if args.pin:
-        import os
-
         mine = sorted(os.sched_getaffinity(0))
         if len(mine) < 2:
             raise SystemExit("--pin needs two CPUs")
@@ -104,6 +125,46 @@ def main() -> None:
         rel = med / base - 1
         verdict = "PASS" if rel <= args.goal else "MISS"
         print(f"  {name:<15} {med * 1e3:.2f} ms → {rel:+.1%} (goal ≤ {args.goal:.0%}): {verdict}")
+
+    batches = rec.batches_to_time(runs)
+    steps = rec.step_times(eng, batches, prompt_tokens=args.prompt_tokens, steps=args.tokens, repeats=5)
+    print(
+        "\nin-process decode step, nothing else in it: "
+        + ", ".join(f"batch {b} {s * 1e3:.2f} ms" for b, s in steps.items())
+    )
+    from course_lib.measure.hardware import detect_device
+
+    meta = {
+        "machine": detect_device("cpu").describe(),
+        "date": time.strftime("%Y-%m-%d"),
+        "command": ("python benchmarks/server_overhead.py " + shlex.join(sys.argv[1:])).strip(),
+        "load_average_before": list(load_before),
+        "load_average_after": list(os.getloadavg()),
+        "model": args.model,
+        "requests": args.requests,
+        "rate_req_s": args.rate,
+        "output_tokens": args.tokens,
+        "prompt_tokens": args.prompt_tokens,
+        "threads": args.threads,
+        "pin": args.pin,
+        "pin_child": args.pin_child,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "greedy_identical": all(t == texts[0] for t in texts),
+    }
+    record = rec.build_record(runs, steps, meta)
+    for name, m in record["median_over_rounds"].items():
+        print(
+            f"  {name:<15} p50 TPOT {m['tpot_p50_ms']:.2f} ms at batch {m['batch']:.2f}: step there "
+            f"{m['step_ms_at_batch']:.2f} ms → {m['tpot_over_step']:.2f}×"
+        )
+    verdict = "met" if record["met"] else "missed"
+    print(f"ledger goal ({record['ratio_run']}): {record['ratio']:.2f}× ≤ {rec.GOAL:g}×: {verdict}")
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":  # the engine process is spawned: it re-imports this file, which must not run main()

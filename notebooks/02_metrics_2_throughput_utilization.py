@@ -89,7 +89,7 @@ import course_lib
 from course_lib import serving
 from course_lib.bottlenecks import mfu_bound, roof_check, time_floors
 from course_lib.bottlenecks.engine_vs_hf import PROMPT, engine_vs_hf, format_rows
-from course_lib.compression import gemv_roof
+from course_lib.compression import gemv_roof, int8_dyn_record, requant
 from course_lib.engine import Engine
 from course_lib.engine.sampling import SamplingParams
 from course_lib.measure import hardware, metrics, microbench, plots, profiling, references
@@ -445,6 +445,26 @@ plt.show()
 # its GB/s and its printed error with the `int8` row's.
 # On a shared machine this run's GB/s fall with the load (printed beside them); the recorded rows
 # carry their own load average.
+
+# %% [markdown]
+# Speed is half of a format's case. The recorded run below scores the same int8 weights with and
+# without int8 activations the way chapter 03 scores re-quantization (`compression.int8_dyn_record`):
+# perplexity on held text against the reference (the dequantized Q4_1 weights), the share of positions
+# whose top token agrees, greedy chat answers. fbgemm rounds a call's activations on one grid (one scale,
+# one zero point) for every row of the call: at batch-1 decode that row is one token ("per token"); the
+# "per window" row puts 256 tokens of a window on one grid, as a prefill call would. The last row gives
+# every block of 32 channels of a token its own scale, as llama.cpp's Q8_0 dot products do (simulated in
+# float). The last line prints the largest max |x| ÷ RMS of any layer's input on a held window, and the
+# position it sits at.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+dynq = int8_dyn_record.load_record()
+print(f"recorded {dynq['date']} on {dynq['machine']}, {dynq['threads']} thread(s), by: {dynq['command']}")
+print(dynq["held_text"])
+print(requant.quality_table([r for r in dynq["rows"] if "w-only" not in r["format"]]))
+top_layer, top = max(dynq["layer_activations"].items(), key=lambda kv: kv[1]["outlier"])
+print(f"largest input max|x| / RMS: {top['outlier']:.0f} ({top_layer}, position {top['at']} of the window)")
 
 # %% [markdown]
 # ## 2 · "100 input tokens ≈ 1 output token" — on our engine
