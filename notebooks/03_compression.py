@@ -457,7 +457,7 @@ live = {  # each format's layers are built when it is scored and freed after it
     "int4 g32 RTN": lambda e: requant.quantized_layers(e, requant.INT4_G32),
     "int4 g64 RTN": lambda e: requant.quantized_layers(e, requant.INT4_G64),
 }
-qual = requant.compare_formats(smol, windows, chats, live, max_new_tokens=course_lib.pick(24, 48), batch=1)
+qual = requant.compare_formats(smol, windows, chats, live, max_new_tokens=course_lib.pick(16, 48), batch=1)
 print(f"{qual[0]['tokens']} held tokens, {len(chats)} chat prompts; reference = dequantized Q4_1 ('fp32')")
 print(requant.quality_table(qual))
 
@@ -490,7 +490,7 @@ small_groups = verdicts.smaller_groups_pay(z_groups, "int4 g64 RTN", "int4 g32 R
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-head8 = requant.quantized_layers(smol, requant.INT8)["lm_head"]
+head8 = requant.int8_head(smol)  # the int8 head alone (the body is quantized per width below)
 curve_windows = course_lib.pick([windows[0][:129]], windows)  # quick mode: the first 128 tokens of one window
 curve = bits_curve.bits_curve(smol, curve_windows, group_size=64, head=head8, batch=2)
 ref_ppl = requant.score(smol, curve_windows, batch=2).perplexity  # the reference on the same tokens

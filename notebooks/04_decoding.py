@@ -748,7 +748,7 @@ memory.trim_heap()  # what the tiny models' sections freed goes back to the OS b
 # only (linear="packed"): the default "auto" keeps the plain weights beside the packed copy (+0.5 GB,
 # past Binder's 1.5 GB); plain decoding, lookup and the draft all share it
 smol = smol_record.smol_engine(DEV)
-SMOL_NEW = pick(64, 160)  # at most; each answer ends at its end-of-turn token
+SMOL_NEW = pick(48, 160)  # at most; each answer ends at its end-of-turn token
 SMOL_REPEATS = pick(2, REPEATS)
 smol_bytes = draft_cost.draft_bytes(smol, smol.model.num_layers, smol.model.vocab_size)
 llc = hardware.detect_device().cache_bytes

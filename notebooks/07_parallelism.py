@@ -236,7 +236,7 @@ my_allreduce_1mb_ms = None
 # %%
 # NBVAL_IGNORE_OUTPUT
 sizes = pick(
-    (4, 64, 1024, 2**14, 2**18, 2**20, 4 * 2**20, 16 * 2**20, 32 * 2**20, 48 * 2**20, 64 * 2**20),
+    (4, 64, 1024, 2**14, 2**18, 2**20, 4 * 2**20, 16 * 2**20, 32 * 2**20, 48 * 2**20),
     sorted({*(2**k for k in range(2, 27, 2)), *collectives.DEFAULT_SIZES}),
 )
 timings = collectives.measure_collectives(

@@ -169,6 +169,13 @@ def test_quantized_layers_uses_given_weights_and_refuses_quantized(target):
             pass
     with pytest.raises(ValueError, match="n_windows"):
         requant.held_windows(eng, 0)
+    # the head alone is the head quantized_layers builds
+    head = requant.int8_head(eng)
+    full = requant.quantized_layers(eng, G32)["lm_head"]
+    assert torch.equal(head.qw.data, full.qw.data) and torch.equal(head.qw.scale, full.qw.scale)
+    with requant.swap(eng, {"lm_head": head}):
+        with pytest.raises(ValueError, match="already quantized"):
+            requant.int8_head(eng)
 
 
 # ----------------------------------------------------------------------------- models.gguf's loader

@@ -27,8 +27,6 @@ def measure(n_windows: int = 8, n_calib: int = 16, max_new_tokens: int = 48, thr
     """AWQ and RTN int4 g64 on SmolLM2, scored against the dequantized Q4_1 (a JSON-ready dict)."""
     from course_lib.compression import requant
     from course_lib.compression.awq import awq_layers, collect_awq_stats
-    from course_lib.compression.decode_formats import quantize_chunked
-    from course_lib.compression.linear import WeightOnlyLinear
     from course_lib.compression.requant_record import calibration_tokens
     from course_lib.engine import Engine
     from course_lib.engine.scheduler import SchedulerConfig
@@ -46,7 +44,7 @@ def measure(n_windows: int = 8, n_calib: int = 16, max_new_tokens: int = 48, thr
     rows_all = 1 << 30  # every input through the CPU kernel, as requant.quantized_layers does
     awq, report = awq_layers(eng, requant.INT4_G64, stats, max_rows=rows_all)
     del stats
-    head = WeightOnlyLinear(quantize_chunked(eng.model.lm_head.weight, requant.INT8), max_rows=rows_all)
+    head = requant.int8_head(eng)
     formats = {
         "int4 g64 RTN": lambda e: requant.quantized_layers(e, requant.INT4_G64),
         "int4 g64 AWQ": lambda e: {**awq, "lm_head": head},

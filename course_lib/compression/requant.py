@@ -142,6 +142,15 @@ def chat_agreement(reference: list[list[int]], other: list[list[int]]) -> dict[s
     return {"identical": same, "prefix": float(np.mean(shares)), "answers": len(reference)}
 
 
+def int8_head(engine):
+    """The engine's LM head alone, int8 per channel on the layer's fast path (as ``quantized_layers`` builds
+    it): for a section that needs only the head, without quantizing every other layer too."""
+    lin = engine.model.lm_head
+    if isinstance(lin, WeightOnlyLinear):
+        raise ValueError("the LM head is already quantized: give the float engine")
+    return WeightOnlyLinear(quantize_chunked(lin.weight, INT8), lin.bias, max_rows=1 << 30)
+
+
 def quantized_layers(engine, config: QuantConfig, qweights=None, head: bool = True) -> dict:
     """{name: WeightOnlyLinear} for the engine's float layers: ``qweights`` where given (GPTQ), else round
     to nearest in ``config``; the LM head int8 per channel if ``head``. Every input, a 256-token window
@@ -154,7 +163,7 @@ def quantized_layers(engine, config: QuantConfig, qweights=None, head: bool = Tr
             raise ValueError(f"layer {name!r} is already quantized: give the float engine")
         if name == "lm_head":
             if head:
-                out[name] = WeightOnlyLinear(quantize_chunked(lin.weight, INT8), lin.bias, max_rows=rows)
+                out[name] = int8_head(engine)
             continue
         qw = (qweights or {}).get(name) or quantize_chunked(lin.weight, config)
         out[name] = WeightOnlyLinear(qw, lin.bias, max_rows=rows)
@@ -249,6 +258,7 @@ __all__ = [
     "chat_agreement",
     "chat_ids",
     "held_windows",
+    "int8_head",
     "quantized_layers",
     "score",
     "swap",
