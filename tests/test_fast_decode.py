@@ -17,6 +17,7 @@ def tiny():
     return Engine("tiny-target", config=SchedulerConfig(max_model_len=256, max_num_seqs=4))
 
 
+@torch.inference_mode()  # as Engine.step runs every forward
 def _decode_logits(engine, prompts, lever):
     """Prefill ``prompts`` with the reference, then one decode step's logits through ``lever``."""
     step_levers.set_lever(engine, "eager")
@@ -147,7 +148,11 @@ def test_cudagraph_replay_equals_eager(batch):
 def test_compiled_matches_eager(tiny):
     """torch.compile of the fused step (about a minute of inductor on 2 cores)."""
     torch.set_num_threads(1)
-    ref, out = _decode_logits(tiny, PROMPTS[:3], "compiled")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ref, out = _decode_logits(tiny, PROMPTS[:3], "compiled")
+    fell_back = [str(w.message) for w in caught if "unavailable" in str(w.message)]
+    assert not fell_back, f"the compiled step fell back to fused, so this compared fused: {fell_back}"
     assert torch.allclose(out, ref, atol=1e-5, rtol=0) and torch.equal(out.argmax(-1), ref.argmax(-1))
 
 

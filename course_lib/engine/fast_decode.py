@@ -160,6 +160,7 @@ class FastDecoder:
             and max(contexts) <= min(backend.max_len, self.model._cos.shape[0])
         )
 
+    @torch.no_grad()  # decode needs no gradients; with grad on, a tied head (a Parameter) made inductor trace a backward
     def __call__(self, backend, handles: list, ids: list[int], positions: list[int]) -> torch.Tensor:
         B, dev = len(ids), self.model.device
         Bp = bucket(B, self.batch_buckets) if self.mode != "fused" else B
