@@ -63,6 +63,30 @@ class PeakRSS:
             self.mib = max(self.mib, int(match.group(1)) / 1024)
 
 
+def machine_speed(copies: int = 5) -> dict[str, float]:
+    """Two fixed probes of the machine, taken just before a chapter runs, so that a slow chapter on a slow
+    minute of a shared VM shows as one: a pure-Python loop (million iterations per second: the interpreter's
+    pace, which per-op overhead follows) and the best of ``copies`` copies of 32 MiB (GB/s read + written:
+    the memory bandwidth decode follows). About 0.1 s."""
+    import numpy as np
+
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+        raise ValueError(f"copies must be an int >= 1, got {copies!r}")
+    start = time.perf_counter()
+    total = 0
+    for i in range(1_000_000):
+        total += i
+    loop_s = time.perf_counter() - start
+    src = np.ones(32 << 20, dtype=np.uint8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(copies):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return {"python_mloops": 1.0 / loop_s, "copy_gbs": 2 * src.nbytes / best / 1e9}
+
+
 def run(mode: str, out: Path, only: list[str] | None = None, timeout: int = 1800, inplace: bool = False) -> int:
     import nbformat
     from jupyter_client.manager import KernelManager
@@ -84,10 +108,12 @@ def run(mode: str, out: Path, only: list[str] | None = None, timeout: int = 1800
     os.environ.setdefault("MPLBACKEND", "Agg")
     timings: dict[str, float] = {}
     peaks: dict[str, float] = {}
+    speeds: dict[str, dict[str, float]] = {}
     failed = []
     for path in sources:
         name = path.with_suffix(".ipynb").name
         nb = read_chapter(path)
+        speeds[name] = machine_speed()  # before the kernel starts: nothing of the course runs meanwhile
         start = time.perf_counter()
         peak = PeakRSS()
         print(f"[course] {path.name} ({mode}) ...", flush=True)
@@ -110,9 +136,14 @@ def run(mode: str, out: Path, only: list[str] | None = None, timeout: int = 1800
         if inplace and name not in failed:
             nbformat.write(nb, path.with_suffix(".ipynb"))
             print(f"[course] wrote {path.with_suffix('.ipynb').relative_to(root)}", flush=True)
-        print(f"[course] {name} done in {timings[name]:.1f} s, peak RSS {peak.mib:.0f} MiB", flush=True)
+        sp = speeds[name]
+        print(
+            f"[course] {name} done in {timings[name]:.1f} s, peak RSS {peak.mib:.0f} MiB "
+            f"(machine before it: Python {sp['python_mloops']:.1f} M loops/s, copy {sp['copy_gbs']:.1f} GB/s)",
+            flush=True,
+        )
     results.mkdir(parents=True, exist_ok=True)
-    report = write_report(results, out / "REPORT.md", timings, peaks)
+    report = write_report(results, out / "REPORT.md", timings, peaks, speeds)
     print(f"[course] wrote {report}")
     if failed:
         print(f"[course] failed notebooks: {failed}", file=sys.stderr)

@@ -41,11 +41,13 @@ def sleep_forever(rank, world_size):
 
 
 def _live_children() -> list[psutil.Process]:
-    """Child processes of this test process, ignoring multiprocessing's resource tracker (it lives for the session)."""
+    """Child processes of this test process (and theirs), ignoring multiprocessing's resource tracker and the fork
+    server (both live for the session; the workers forked by the server are still counted, as its children)."""
     out = []
     for child in psutil.Process(os.getpid()).children(recursive=True):
         try:
-            if child.status() == psutil.STATUS_ZOMBIE or "resource_tracker" in " ".join(child.cmdline()):
+            cmd = " ".join(child.cmdline())
+            if child.status() == psutil.STATUS_ZOMBIE or "resource_tracker" in cmd or "forkserver" in cmd:
                 continue
         except psutil.NoSuchProcess:
             continue

@@ -18,11 +18,15 @@ NEW_TOKENS = 6
 
 
 def spawned_children() -> list[psutil.Process]:
-    """Worker processes (multiprocessing spawn) still alive under this test process."""
+    """Worker processes still alive under this test process: spawned ones, and those forked by the fork server
+    (``core.procs``; the server itself and multiprocessing's resource tracker live for the session)."""
     out = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if any("spawn_main" in part for part in child.cmdline()):
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmd, parent_cmd = " ".join(child.cmdline()), " ".join(child.parent().cmdline())
+            if "spawn_main" in cmd or "forkserver" in parent_cmd:  # a spawned worker, or a fork of the server
                 out.append(child)
         except psutil.NoSuchProcess:
             pass

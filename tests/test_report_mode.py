@@ -42,3 +42,22 @@ def test_record_and_write_report(tmp_path, monkeypatch):
         report.record("01_x", "bad", float("nan"), "s")
     with pytest.raises(ValueError, match="non-empty"):
         report.record("", "k", 1.0, "s")
+
+
+def test_the_run_table_shows_the_machine_probe_beside_each_notebook(tmp_path):
+    from course_lib.course import machine_speed
+
+    speed = machine_speed(copies=2)
+    assert speed["python_mloops"] > 0 and speed["copy_gbs"] > 0
+    (tmp_path / "results").mkdir()
+    out = report.write_report(
+        tmp_path / "results",
+        tmp_path / "REPORT.md",
+        {"00_y.ipynb": 1.5, "01_x.ipynb": 2.0},
+        {"00_y.ipynb": 800.0},
+        {"00_y.ipynb": {"python_mloops": 20.04, "copy_gbs": 9.96}},
+    )
+    text = out.read_text()
+    assert "| 00_y.ipynb | 1.5 | 800 | 20.0 | 10.0 |" in text and "| 01_x.ipynb | 2.0 | — | — | — |" in text
+    with pytest.raises(ValueError, match="copies"):
+        machine_speed(copies=0)

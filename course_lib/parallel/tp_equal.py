@@ -183,8 +183,8 @@ class TPEquality:
         return self.max_abs_diff <= atol + rtol * self.max_abs_logit
 
     def startup_s(self, which: str = "tp") -> float:
-        """Seconds of a launch ("single" or "tp") before and after the work: spawning the interpreters, their
-        imports, joining the process group, sending the results home (launch wall time − the slowest
+        """Seconds of a launch ("single" or "tp") before and after the work: starting the processes (``core.procs``),
+        the imports they still make, joining the process group, sending the results home (launch wall time − the slowest
         process's load + run)."""
         procs = [self.single] if which == "single" else self.ranks
         return self.launch_s.get(which, float("nan")) - max(p["load_s"] + p["run_s"] for p in procs)

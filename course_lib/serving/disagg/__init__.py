@@ -12,8 +12,8 @@ phase.
 The parts:
 - ``handover``: ``extract_kv`` / ``install_kv``, a sequence's K/V rows read out of, and written into, the
   contiguous backend's per-layer tensors; ``kv_transfer_bytes``, the formula they must match; links.
-- ``workers`` and ``server``: ``DisaggregatedServer``, two real worker processes (``torch.multiprocessing``,
-  spawn), each with its own ``Engine``. The KV travels as one tensor through a ``torch.multiprocessing``
+- ``workers`` and ``server``: ``DisaggregatedServer``, two real worker processes (``core.procs``: forked
+  from a server that imported torch once), each with its own ``Engine``. The KV travels as one tensor through a ``torch.multiprocessing``
   queue (shared memory on a CPU); every transfer is accounted (``KVTransfer``). ``colocated``: the
   one-engine baseline, ``serve_colocated``; ``run``: the ``ServingRun`` both return.
 - ``simulate``: ``simulate_colocated`` / ``simulate_disaggregated``, a discrete-event model at a real scale

@@ -1,5 +1,5 @@
-"""The two worker processes of ``DisaggregatedServer``, each with its own ``Engine`` (spawned by
-``torch.multiprocessing``). The prefill worker runs prompts to their first token, extracts each KV cache
+"""The two worker processes of ``DisaggregatedServer``, each with its own ``Engine`` (started by
+``core.procs``). The prefill worker runs prompts to their first token, extracts each KV cache
 into a shared-memory tensor and puts it on a queue; the decode worker installs it as a RUNNING sequence
 with its prompt cached and decodes every running sequence, one step at a time. Tokens and ``KVTransfer``
 records go back to the server on one queue. Introduced in 06_batching_serving.ipynb."""

@@ -1,6 +1,6 @@
 """The engine in a process of its own, as vLLM's ``AsyncLLM`` runs its ``EngineCore``: ``EngineProcess`` in
 the server's process (a pipe, a reader thread, the requests' queues) and ``_engine_process_main``, the
-spawned child that builds the engine, steps it and sends each step's tokens back as one message. The
+child process (``core.procs``: forked from a server that imported torch once) that builds the engine, steps it and sends each step's tokens back as one message. The
 HTTP side's per-token Python then no longer competes with the engine's for one interpreter lock.
 Introduced in 06_batching_serving.ipynb."""
 
@@ -28,7 +28,8 @@ class EngineProcess:
         with serve(EngineProcess("tiny-target", threads=1)) as server: ...
 
     ``engine_kwargs`` are ``Engine``'s arguments (``model`` a name or folder, ``kv_cache``, ``config``, ...);
-    the engine is built in the child (spawned: a fresh interpreter, torch imported there, ~4 s). The child
+    the engine is built in the child (``core.procs``: a fork of a server that imported torch once, so the
+    child pays only for transformers and the model). The child
     sends back one message per step: that step's tokens for every request as plain tuples, plus the gauges
     (waiting, running, KV bytes) that ``/metrics`` shows. Same interface as ``EngineLoop`` (``start``,
     ``stop``, ``submit``, ``abort``, ``abort_all``, ``call``, ``alive``, ``steps``, ``step_errors``);
@@ -88,13 +89,14 @@ class EngineProcess:
         """Spawn the child and wait until its engine is built (raises with the child's traceback if not)."""
         if self._proc is not None:
             return
-        import multiprocessing as mp
+        from course_lib.core import procs
 
-        ctx = mp.get_context("spawn")
+        ctx = procs.context()  # a fork server with torch and transformers imported (core.procs)
         parent, child = ctx.Pipe(duplex=True)
-        proc = ctx.Process(
-            target=_engine_process_main,
-            args=(child, self.engine_kwargs, self.threads, self.cpus),
+        proc = procs.process(
+            ctx,
+            _engine_process_main,
+            (child, self.engine_kwargs, self.threads, self.cpus),
             name="course-engine",
             daemon=True,
         )
