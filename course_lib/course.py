@@ -125,7 +125,13 @@ def run(mode: str, out: Path, only: list[str] | None = None, timeout: int = 1800
                 peak.km = km
                 client = NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(path.parent)}})
                 client.on_cell_executed = peak.update  # the kernel's high-water mark, read after every cell
-                client.execute()
+                try:
+                    client.execute()
+                finally:
+                    # nbclient shuts down only a kernel it created itself; this one is ours. Left running, every
+                    # finished chapter's kernel kept its memory (up to ~1.4 GB each) until the whole course ended.
+                    if km.has_kernel:
+                        km.shutdown_kernel(now=True)
         except Exception as exc:  # keep going: the report says which chapter broke
             failed.append(name)
             print(f"[course] {name} FAILED: {str(exc)[-2000:]}", file=sys.stderr)

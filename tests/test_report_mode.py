@@ -61,3 +61,27 @@ def test_the_run_table_shows_the_machine_probe_beside_each_notebook(tmp_path):
     assert "| 00_y.ipynb | 1.5 | 800 | 20.0 | 10.0 |" in text and "| 01_x.ipynb | 2.0 | — | — | — |" in text
     with pytest.raises(ValueError, match="copies"):
         machine_speed(copies=0)
+
+
+def test_the_runner_shuts_down_each_chapters_kernel(tmp_path, monkeypatch):
+    """nbclient leaves running a kernel it was handed; left alone, every finished chapter's kernel kept its memory."""
+    import nbformat
+    import psutil
+
+    from course_lib import course
+
+    src = tmp_path / "notebooks" / "00_probe.py"
+    src.parent.mkdir()
+    src.write_text("# %%\nimport os\nprint(os.getpid())\n")
+    monkeypatch.setattr(course, "repo_root", lambda: tmp_path)
+    monkeypatch.setattr(course, "chapter_sources", lambda root=None: [src])
+    monkeypatch.setattr(
+        course,
+        "read_chapter",
+        lambda path: nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src.read_text())]),
+    )
+    assert course.run("quick", tmp_path / "build") == 0
+    executed = nbformat.read(tmp_path / "build" / "notebooks" / "00_probe.ipynb", as_version=4)
+    kernel_pid = int(executed.cells[0].outputs[0]["text"])
+    assert not psutil.pid_exists(kernel_pid) or psutil.Process(kernel_pid).status() == psutil.STATUS_ZOMBIE
+    assert "| 00_probe.ipynb |" in (tmp_path / "build" / "REPORT.md").read_text()
