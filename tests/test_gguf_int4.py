@@ -110,6 +110,41 @@ def test_an_inexact_zero_point_refuses_rather_than_rounds():
         q4_1_to_int4(block[None, :], 32)
 
 
+def _llama_gguf(path, arch="llama", heads=True, big_endian=False):
+    """One Q4_1 projection in a GGUF file, with (or without) the metadata gguf_qweights reads."""
+    from gguf import GGMLQuantizationType as T
+    from gguf import GGUFEndian, GGUFWriter
+    from gguf import quantize as gguf_quantize
+
+    w = GGUFWriter(str(path), arch, endianess=GGUFEndian.BIG if big_endian else GGUFEndian.LITTLE)
+    if heads:
+        w.add_head_count(2)
+        w.add_head_count_kv(1)
+    w.add_token_list(["a", "b", "c"])
+    w.add_tensor("blk.0.attn_v.weight", gguf_quantize(np.ones((8, 64), np.float32), T.Q4_1), raw_dtype=T.Q4_1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_small_file_imports_through_the_fast_table_and_its_metadata_is_checked(tmp_path):
+    qweights = gguf_qweights(_llama_gguf(tmp_path / "ok.gguf"))
+    assert list(qweights) == ["model.layers.0.self_attn.v_proj"]
+    assert torch.equal(dequantize(qweights["model.layers.0.self_attn.v_proj"]), torch.ones(8, 64))
+    with pytest.raises(ValueError, match="architecture 'gpt2'"):
+        gguf_qweights(_llama_gguf(tmp_path / "gpt2.gguf", arch="gpt2"))
+    with pytest.raises(ValueError, match="metadata has no 'llama.attention.head_count'"):
+        gguf_qweights(_llama_gguf(tmp_path / "noheads.gguf", heads=False))
+    with pytest.raises(ValueError, match="byte-swapped"):
+        gguf_qweights(_llama_gguf(tmp_path / "be.gguf", big_endian=True))
+    data = (tmp_path / "ok.gguf").read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="cut.gguf.*truncated"):
+        gguf_qweights(tmp_path / "cut.gguf")
+
+
 # ----------------------------------------------------------------------------- the real file
 @pytest.fixture(scope="module")
 def real():

@@ -211,6 +211,170 @@ def test_a_truncated_or_foreign_file_is_a_clear_error(tmp_path, monkeypatch):
         gguf.load(NAME)
 
 
+def _rich_gguf(path, big_endian=False, alignment=None, tensors=True):
+    """A small file with what the real one has: a string-array vocabulary, scalar arrays, Q4_1 / Q8_0 / F16
+    tensors; also a nested array, a custom alignment and the big-endian layout that it lacks."""
+    from gguf import GGMLQuantizationType as T
+    from gguf import GGUFEndian, GGUFWriter, quantize
+
+    w = GGUFWriter(str(path), "llama", endianess=GGUFEndian.BIG if big_endian else GGUFEndian.LITTLE)
+    if alignment:
+        w.add_custom_alignment(alignment)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_token_list([f"t{i}" * (i % 5) for i in range(60)])  # "" included
+    w.add_token_scores([float(i) for i in range(60)])
+    w.add_array("test.nested", [[1, 2, 3], [4, 5]])
+    w.add_bool("test.flag", True)
+    w.add_uint64("test.big", 2**40)
+    w.add_float32("test.half", 0.5)
+    w.add_string("test.text", "héllo")
+    if tensors:
+        rng = np.random.default_rng(0)
+        w.add_tensor(
+            "blk.0.attn_q.weight", quantize(rng.standard_normal((8, 64), np.float32), T.Q4_1), raw_dtype=T.Q4_1
+        )
+        w.add_tensor("token_embd.weight", quantize(rng.standard_normal((6, 64), np.float32), T.Q8_0), raw_dtype=T.Q8_0)
+        w.add_tensor("output_norm.weight", rng.standard_normal(64).astype(np.float16))
+        w.add_tensor("x.i32", np.arange(6, dtype=np.int32).reshape(2, 3))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+KEYS = ("general.architecture", "llama.attention.head_count", "llama.attention.head_count_kv")
+
+
+def assert_same_table(path, keys=KEYS):
+    """read_gguf_table answers what gguf.GGUFReader answers: header, metadata values, every tensor's row and
+    bytes."""
+    from gguf import GGUFReader
+
+    table, reader = gguf.read_gguf_table(path, keys), GGUFReader(str(path))
+    assert (table.byte_order, table.alignment, table.data_offset) == (
+        reader.byte_order,
+        reader.alignment,
+        reader.data_offset,
+    )
+    assert table.version == reader.fields["GGUF.version"].contents()
+    assert table.metadata == {k: reader.fields[k].contents() for k in keys if k in reader.fields}
+    assert [t.name for t in table.tensors] == [t.name for t in reader.tensors]
+    for ours, theirs in zip(table.tensors, reader.tensors, strict=True):
+        assert ours.tensor_type == theirs.tensor_type and ours.shape.tolist() == theirs.shape.tolist(), ours.name
+        assert (ours.n_elements, ours.n_bytes, ours.data_offset) == (
+            theirs.n_elements,
+            theirs.n_bytes,
+            theirs.data_offset,
+        )
+        assert ours.data.dtype == theirs.data.dtype and ours.data.shape == theirs.data.shape, ours.name
+        assert ours.data.tobytes() == theirs.data.tobytes(), ours.name
+    return table
+
+
+def test_the_fast_tensor_table_is_gguf_readers_on_small_files(tmp_path):
+    assert len(assert_same_table(_tiny_gguf(tmp_path / "tiny.gguf")).tensors) == 2
+    more = ("test.flag", "test.big", "test.half", "test.text", "absent.key")
+    for big_endian in (False, True):
+        for alignment in (None, 64):
+            path = _rich_gguf(tmp_path / f"rich_{big_endian}_{alignment}.gguf", big_endian, alignment)
+            table = assert_same_table(path, KEYS + more)
+            assert table.byte_order == ("S" if big_endian else "I") and table.alignment == (alignment or 32)
+            assert table.metadata == {
+                "general.architecture": "llama",
+                "llama.attention.head_count": 4,
+                "llama.attention.head_count_kv": 2,
+                "test.flag": True,
+                "test.big": 2**40,
+                "test.half": 0.5,
+                "test.text": "héllo",
+            }  # a key the file lacks is absent; the alignment only when asked for
+            assert [t.data.shape for t in table.tensors] == [(8, 40), (6, 68), (64,), (2, 3)]  # blocks: uint8 rows
+    assert gguf.check_gguf(path) == 4
+
+
+def test_the_fast_tensor_table_is_gguf_readers_on_the_real_file():
+    try:
+        path = gguf.gguf_file(NAME)
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+    table = assert_same_table(path)
+    assert table.metadata == {"general.architecture": "llama", "llama.attention.head_count": 9,
+                              "llama.attention.head_count_kv": 3}  # fmt: skip
+    assert len(table.tensors) == 272 and gguf.check_gguf(path) == 272
+
+
+def test_the_fast_reader_fails_where_gguf_reader_fails(tmp_path):
+    """Every cut of a small file (inside the header, the vocabulary, the tensor table, the data) gives both
+    readers the same verdict; the fast one's error is the clear one."""
+    whole = _rich_gguf(tmp_path / "whole.gguf")
+    data, table = whole.read_bytes(), gguf.read_gguf_table(whole)
+    last_end = table.tensors[-1].data_offset + table.tensors[-1].n_bytes
+    cut_path = tmp_path / "cut.gguf"
+    cuts = [*range(table.data_offset + 1), *range(table.data_offset + 1, len(data), 5)]  # each header byte
+    for i, cut in enumerate(cuts):
+        cut_path.write_bytes(data[:cut])
+        if cut >= last_end:  # only the last tensor's padding is gone
+            assert len(gguf.read_gguf_table(cut_path).tensors) == 4
+            gguf.open_gguf(cut_path)
+            continue
+        with pytest.raises(ValueError, match="not a GGUF file" if cut < 4 else "truncated|corrupt"):
+            gguf.read_gguf_table(cut_path)
+        if i % 4 == 0:  # gguf's own reader (10x slower) on every fourth cut
+            with pytest.raises(ValueError, match="not a GGUF file" if cut < 4 else "truncated|corrupt"):
+                gguf.open_gguf(cut_path)
+
+
+def test_the_fast_reader_names_bad_input(tmp_path):
+    good = _rich_gguf(tmp_path / "good.gguf")
+    with pytest.raises(ValueError, match="keys"):
+        gguf.read_gguf_table(good, "general.architecture")  # a str, not a tuple of them
+    with pytest.raises(ValueError, match="keys.*tokenizer.ggml.tokens.*arrays"):
+        gguf.read_gguf_table(good, ("tokenizer.ggml.tokens",))
+    with pytest.raises(ValueError, match="path"):
+        gguf.read_gguf_table(3)
+    with pytest.raises(FileNotFoundError):
+        gguf.read_gguf_table(tmp_path / "absent.gguf")
+    foreign = tmp_path / "foreign.gguf"
+    foreign.write_bytes(b"PK\x03\x04" + good.read_bytes()[4:])
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        gguf.read_gguf_table(foreign)
+    with pytest.raises(ValueError, match="holds no tensors"):
+        gguf.read_gguf_table(_rich_gguf(tmp_path / "empty.gguf", tensors=False))
+    data = bytearray(good.read_bytes())
+    data[4] = 9  # version 9
+    (tmp_path / "v9.gguf").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="corrupt.*version 9"):
+        gguf.read_gguf_table(tmp_path / "v9.gguf")
+    data = bytearray(good.read_bytes())
+    at = data.index(b"test.flag") + len("test.flag")
+    data[at] = 99  # the value type of test.flag
+    (tmp_path / "type99.gguf").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="corrupt.*value type 99"):
+        gguf.read_gguf_table(tmp_path / "type99.gguf")
+    with pytest.raises(ValueError):  # and gguf's own reader agrees
+        gguf.open_gguf(tmp_path / "type99.gguf")
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(tmp_path / "align.gguf"), "llama")
+    w.add_string("general.alignment", "32")  # must be a UINT32
+    w.add_tensor("a", np.ones(4, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="corrupt.*general.alignment has value type 8, not UINT32"):
+        gguf.read_gguf_table(tmp_path / "align.gguf")
+    with pytest.raises(ValueError, match="corrupt.*alignment"):
+        gguf.open_gguf(tmp_path / "align.gguf")
+    # a tensor past the end of the file: the message names it
+    last = gguf.read_gguf_table(good).tensors[-1]
+    (tmp_path / "short.gguf").write_bytes(good.read_bytes()[: last.data_offset + last.n_bytes - 1])
+    with pytest.raises(ValueError, match=f"truncated: tensor 'x.i32' ends at byte {last.data_offset + 24:,} but"):
+        gguf.read_gguf_table(tmp_path / "short.gguf")
+
+
 def test_gguf_source_checks_its_fields():
     with pytest.raises(ValueError, match="GGUFSource.file"):
         gguf.GGUFSource("x", "pkg", "1.0", "model.bin", "a/b", "MIT", 8)

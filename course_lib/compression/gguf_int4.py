@@ -119,25 +119,29 @@ def reverse_permute_rows(x: np.ndarray, n_head: int) -> np.ndarray:
     return x.reshape(n_head, dim, 2, *x.shape[1:]).swapaxes(2, 1).reshape(x.shape)
 
 
+_KEYS = ("general.architecture", "llama.attention.head_count", "llama.attention.head_count_kv")
+
+
 def _reader(path):
-    from course_lib.models.gguf import open_gguf
+    """(the file's ``GGUFTable``, query heads, KV heads): only the tensor table and three metadata values are
+    read (``models.gguf_table.read_gguf_table``), not the vocabulary's ~147k metadata parts."""
+    from course_lib.models.gguf_table import read_gguf_table
 
     if not isinstance(path, (str, Path)):
         raise ValueError(f"path must be a str or Path to a .gguf file, got {type(path).__name__}")
-    reader = open_gguf(path)  # missing, truncated or corrupt: a clear error before any block is read
-    if reader.byte_order != "I":
+    table = read_gguf_table(path, _KEYS)  # missing, truncated or corrupt: a clear error before any block is read
+    if table.byte_order != "I":
         raise ValueError(f"{path}: a byte-swapped GGUF file (big-endian) is not supported")
 
     def field(key: str):
-        if key not in reader.fields:
+        if key not in table.metadata:
             raise ValueError(f"{path}: the GGUF metadata has no {key!r}")
-        f = reader.fields[key]
-        return f.parts[f.data[0]]  # strings: the bytes; numbers: a one-element array
+        return table.metadata[key]
 
-    arch = bytes(field("general.architecture")).decode("utf-8")
+    arch = field("general.architecture")
     if arch != "llama":
         raise ValueError(f"{path}: architecture {arch!r}; only 'llama' GGUF files are imported")
-    return reader, int(field("llama.attention.head_count")[0]), int(field("llama.attention.head_count_kv")[0])
+    return table, int(field("llama.attention.head_count")), int(field("llama.attention.head_count_kv"))
 
 
 def gguf_qweights(path: str | Path) -> dict[str, QuantizedWeight]:
@@ -146,9 +150,9 @@ def gguf_qweights(path: str | Path) -> dict[str, QuantizedWeight]:
     transformers' order. A projection stored in another type raises: it is not the course's int4."""
     from gguf import GGMLQuantizationType as T
 
-    reader, heads, kv_heads = _reader(path)
+    table, heads, kv_heads = _reader(path)
     out: dict[str, QuantizedWeight] = {}
-    for t in reader.tensors:
+    for t in table.tensors:
         parts = t.name.split(".")  # blk.N.attn_q.weight | token_embd.weight | output.weight | output_norm.weight
         if t.name in ("token_embd.weight", "output.weight"):
             module = "model.embed_tokens" if t.name == "token_embd.weight" else "lm_head"
