@@ -150,10 +150,16 @@ def test_fits_checks_json_and_the_schema():
 
 
 def test_compare_modes_measures_what_the_chapter_claims(engine):
+    import torch
+
     from course_lib.serving.structured_output import MODES, compare_modes, format_runs, run_constrained
 
-    runs = compare_modes(engine, requests=4, max_tokens=32)
+    before = torch.get_num_threads()
+    runs = compare_modes(engine, requests=4, max_tokens=32, threads=1)
+    assert torch.get_num_threads() == before  # the threads asked for hold for the run only
     assert [r.mode for r in runs] == list(MODES)
+    with pytest.raises(ValueError, match="threads"):
+        compare_modes(engine, requests=1, max_tokens=1, threads=0)
     for r in runs[1:]:  # constrained: whatever ended, parsed (the grammar's promise)
         assert r.ended == 0 or r.ended_parse == 1.0, r
         assert r.mask_us > 0 and 0 < r.mask_share < 1

@@ -177,14 +177,25 @@ def run_constrained(
 
 
 def compare_modes(
-    engine, requests: int = 8, max_tokens: int = 64, prompts: Sequence[str] = PROMPTS
+    engine, requests: int = 8, max_tokens: int = 64, prompts: Sequence[str] = PROMPTS, threads: int | None = None
 ) -> list[ConstrainedRun]:
     """Every mode of ``MODES`` over the same requests, after an untimed warm-up (grammar compilation).
     A module-level function: ``EngineProcess.call(functools.partial(compare_modes, ...))`` runs it in a
-    server's engine process."""
+    server's engine process. ``threads``: torch's intra-op threads for the run (restored after), e.g. every
+    core for a server's engine process that was started with one while nothing else runs."""
+    import torch
+
     prompts = _check_prompts(prompts)
-    run_constrained(engine, "json_object", requests=2, max_tokens=4, prompts=prompts)  # compile, shapes: not timed
-    return [run_constrained(engine, mode, requests, max_tokens, prompts=prompts) for mode in MODES]
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be None or an int >= 1, got {threads!r}")
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        run_constrained(engine, "json_object", requests=2, max_tokens=4, prompts=prompts)  # compile, shapes: untimed
+        return [run_constrained(engine, mode, requests, max_tokens, prompts=prompts) for mode in MODES]
+    finally:
+        torch.set_num_threads(before)
 
 
 def unconstrained_gain(runs: list[ConstrainedRun], baseline: list[ConstrainedRun], share: str = "parse") -> float:
