@@ -55,3 +55,11 @@ def test_bad_input_is_named(monkeypatch):
         procs.process(procs.context(), "not callable")
     with pytest.raises(ValueError, match="env"):
         procs.run_with_env(["PATH"], print)
+
+
+def test_only_linux_forks_by_default(monkeypatch):
+    monkeypatch.delenv("COURSE_START_METHOD", raising=False)
+    monkeypatch.setattr(procs.sys, "platform", "darwin")
+    assert procs.start_method() == "spawn"
+    monkeypatch.setattr(procs.sys, "platform", "linux")
+    assert procs.start_method() == "forkserver"

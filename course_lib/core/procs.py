@@ -21,13 +21,15 @@ Two differences from spawn that the course's targets take care of:
 - Modules are the server's copies, imported when it started: code changed on disk afterwards (a notebook
   edited while its kernel runs) is not seen until the kernel restarts.
 
-``COURSE_START_METHOD=spawn`` (or a platform without fork, Windows) restores spawn.
+Linux only: elsewhere (macOS, Windows) the course spawns, as Python does there; ``COURSE_START_METHOD=spawn``
+restores spawn on Linux too.
 Introduced in 07_parallelism.ipynb.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 #: what the fork server imports once (a name that fails to import is skipped by multiprocessing). Not
 #: transformers: chapter 07's TP ranks measure what a rank saves by never importing it (``tp_standalone``),
@@ -45,10 +47,11 @@ METHODS = ("forkserver", "spawn")
 
 
 def start_method() -> str:
-    """``COURSE_START_METHOD`` ("forkserver" or "spawn"), default "forkserver" where the platform has it."""
+    """``COURSE_START_METHOD`` ("forkserver" or "spawn"); by default "forkserver" on Linux and "spawn"
+    elsewhere (macOS makes forking after system frameworks load unsafe, which is why Python spawns there)."""
     import multiprocessing as mp
 
-    want = os.environ.get("COURSE_START_METHOD", "forkserver")
+    want = os.environ.get("COURSE_START_METHOD", "forkserver" if sys.platform.startswith("linux") else "spawn")
     if want not in METHODS:
         raise ValueError(f"COURSE_START_METHOD must be one of {METHODS}, got {want!r}")
     return want if want in mp.get_all_start_methods() else "spawn"
