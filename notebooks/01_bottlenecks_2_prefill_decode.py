@@ -63,6 +63,7 @@ import course_lib  # sets TRITON_INTERPRET=1 when there is no CUDA GPU
 from course_lib.bottlenecks import capacity, decode_plots, explorer, phases, sweep_verdicts, time_floors, transfer
 from course_lib.bottlenecks import decode_roofline as dr
 from course_lib.bottlenecks.llm_phases import batch_to_reach, llm_phases
+from course_lib.core import memory
 from course_lib.core.dtypes import torch_dtype
 from course_lib.engine import Engine
 from course_lib.engine.scheduler import SchedulerConfig
@@ -72,6 +73,7 @@ from course_lib.measure.report import record
 from course_lib.measure.roofline import Point, Roof, min_time
 from course_lib.models import accounting
 
+memory.freeze_imports()  # torch's and transformers' objects leave every later garbage collection (core.memory)
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"

@@ -94,6 +94,7 @@ import transformers
 import course_lib
 from course_lib import serving
 from course_lib.bottlenecks import roof_check, step_levers, time_floors
+from course_lib.core import memory
 from course_lib.engine import Engine
 from course_lib.engine.sampling import SamplingParams
 from course_lib.measure import hardware, metrics, microbench, plots, profiling
@@ -103,6 +104,7 @@ from course_lib.models import accounting, tokencost
 from course_lib.serving import chat_model, latency_checks, ttft_record
 
 transformers.utils.logging.disable_progress_bar()
+memory.freeze_imports()  # torch's and transformers' objects leave every later garbage collection (core.memory)
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"

@@ -90,6 +90,7 @@ from course_lib import serving
 from course_lib.bottlenecks import mfu_bound, roof_check, time_floors
 from course_lib.bottlenecks.engine_vs_hf import PROMPT, engine_vs_hf, format_rows
 from course_lib.compression import gemv_roof, int8_dyn_record, requant
+from course_lib.core import memory
 from course_lib.engine import Engine
 from course_lib.engine.sampling import SamplingParams
 from course_lib.measure import hardware, metrics, microbench, plots, profiling, references
@@ -99,6 +100,7 @@ from course_lib.models import accounting
 from course_lib.serving import batch_efficiency, chat_model, utilization_checks
 
 transformers.utils.logging.disable_progress_bar()
+memory.freeze_imports()  # torch's and transformers' objects leave every later garbage collection (core.memory)
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"

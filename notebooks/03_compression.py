@@ -119,6 +119,7 @@ from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
 from course_lib.models.tokenizer import token_ids
 
+memory.freeze_imports()  # torch's and transformers' objects leave every later garbage collection (core.memory)
 torch.manual_seed(0)
 memory.return_large_blocks(1 << 18)  # freed tensors of 256 kB or more go back to the OS (RSS = memory in use)
 CUDA = torch.cuda.is_available()

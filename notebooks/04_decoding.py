@@ -114,6 +114,7 @@ from course_lib.measure import hardware, microbench, references
 from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
 
+memory.freeze_imports()  # torch's and transformers' objects leave every later garbage collection (core.memory)
 torch.manual_seed(0)
 memory.return_large_blocks()  # freed tensors of a MB or more go back to the OS (RSS = memory in use)
 CUDA = torch.cuda.is_available()

@@ -103,6 +103,7 @@ import torch
 from IPython.display import display
 
 import course_lib
+from course_lib.core import memory
 from course_lib.core.mode import pick
 from course_lib.engine import Engine, SamplingParams, SchedulerConfig
 from course_lib.engine.attention import BlockManager, OutOfBlocks
@@ -130,6 +131,7 @@ from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
 from course_lib.models.accounting import ModelShape, kv_bytes_per_token, weight_bytes
 
+memory.freeze_imports()  # torch's and transformers' objects leave every later garbage collection (core.memory)
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"

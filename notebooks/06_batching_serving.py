@@ -88,6 +88,7 @@ import torch
 from IPython.display import display
 
 import course_lib
+from course_lib.core import memory
 from course_lib.core.mode import pick
 from course_lib.engine import Engine, SamplingParams, SchedulerConfig
 from course_lib.measure import hardware, microbench, references
@@ -98,6 +99,7 @@ from course_lib.serving import prompt_pool
 from course_lib.serving.simulator import load_or_calibrate, run_real, simulate
 from course_lib.serving.traces import Trace, load_trace, poisson_arrivals
 
+memory.freeze_imports()  # torch's and transformers' objects leave every later garbage collection (core.memory)
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
 if not CUDA:

@@ -95,6 +95,7 @@ import torch
 from IPython.display import display
 
 import course_lib
+from course_lib.core import memory
 from course_lib.core.mode import pick
 from course_lib.engine import Engine, SamplingParams
 from course_lib.measure import hardware, microbench, references
@@ -121,6 +122,7 @@ from course_lib.parallel import (
     tp_record,
 )
 
+memory.freeze_imports()  # torch's and transformers' objects leave every later garbage collection (core.memory)
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
 peaks = microbench.machine_peaks()

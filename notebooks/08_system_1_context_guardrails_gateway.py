@@ -89,6 +89,7 @@ from course_lib.system.retrieval import BM25Retriever, recall_at_k
 from course_lib.system.stdlib_corpus import FULL_EXTRA, QUICK_MODULES, build_corpus
 
 memory.return_large_blocks()  # freed tensors of a MB or more go back to the OS (RSS = memory in use)
+memory.freeze_imports()  # torch's and transformers' objects leave every later garbage collection (core.memory)
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
 if not CUDA:

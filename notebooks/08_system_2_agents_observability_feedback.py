@@ -88,6 +88,7 @@ from course_lib.system.retrieval import BM25Retriever
 from course_lib.system.stdlib_corpus import QUICK_MODULES, build_corpus
 from course_lib.system.tools import DocsLookup, calculator
 
+memory.freeze_imports()  # torch's and transformers' objects leave every later garbage collection (core.memory)
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
 if not CUDA:

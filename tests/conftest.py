@@ -6,6 +6,12 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from course_lib.core.memory import freeze_imports  # noqa: E402
+
+# torch's and transformers' ~360k objects out of every later collection: each Engine() runs trim_heap, and a
+# full collection over them costs ~0.2 s (core.memory.freeze_imports)
+freeze_imports()
+
 
 @pytest.fixture(scope="module")
 def one_thread():
