@@ -56,6 +56,12 @@ def _parse(argv=None):
         "--formats", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int8-dyn", "int4"]
     )
     p.add_argument(
+        "--fp32-linear",
+        default="auto",
+        choices=["auto", "packed"],
+        help="fp32 engine: auto = the course's GEMV where it is built (else packed), packed = oneDNN packed",
+    )
+    p.add_argument(
         "--cache", default=str(Path(tempfile.gettempdir()) / "course_llamacpp"), help="where the F32/Q8_0 files go"
     )
     p.add_argument(
@@ -137,7 +143,7 @@ def llama_decode(path: Path, threads: int, tokens: int, repeats: int, prefill: i
 
 
 # ----------------------------------------------------------------------------- course engine side
-def engine_for(fmt: str, prefill: int, model: str = MODEL, decode: str = "eager"):
+def engine_for(fmt: str, prefill: int, model: str = MODEL, decode: str = "eager", fp32_linear: str = "auto"):
     import torch
 
     from course_lib.compression.decode_formats import INT8, quantize_chunked
@@ -153,6 +159,11 @@ def engine_for(fmt: str, prefill: int, model: str = MODEL, decode: str = "eager"
     if model != MODEL:  # tiny-target's context is 1,024 tokens
         config = SchedulerConfig(max_model_len=1024, max_num_seqs=1, max_num_batched_tokens=max(512, prefill))
     if fmt == "fp32":
+        from course_lib.kernels import cpu_gemv
+
+        if fp32_linear == "auto" and cpu_gemv.available():
+            eng = Engine(model, config=config, linear="auto", decode=decode)
+            return eng, "fp32, 1-4 rows on the course's GEMV (kernels.cpu_gemv), prefill F.linear"
         return Engine(
             model, config=config, linear="packed", decode=decode
         ), "oneDNN packed fp32 (mkldnn._linear_pointwise)"
@@ -164,11 +175,19 @@ def engine_for(fmt: str, prefill: int, model: str = MODEL, decode: str = "eager"
                 eng.model.set_linear(name, WeightOnlyLinear(quantize_chunked(lin.weight, INT8), lin.bias, path=path))
             if fmt == "int8-dyn":
                 return eng, "int8 per channel x int8 activations (fbgemm quantized.linear_dynamic), head int8"
-            return eng, "int8 per channel (aten._weight_int8pack_mm), head int8"
+            return eng, f"int8 per channel ({_kernel(eng.model.lm_head)}), head int8"
         quantize_engine_gguf(eng, gguf_file(MODEL))
         head = eng.model.lm_head
         eng.model.set_linear("lm_head", WeightOnlyLinear(quantize_chunked(head.weight, INT8)))
-        return eng, "Q4_1 imported bit-exact (aten._weight_int4pack_mm_for_cpu), head int8"
+        return eng, f"Q4_1 imported bit-exact ({_kernel(eng.model.layers[0].gate_up)}), head int8"
+
+
+def _kernel(layer) -> str:
+    """Which kernel a quantized layer's decode products run on."""
+    return {
+        "gemv": "the course's GEMV, kernels.cpu_gemv, fp32 activations",
+        "cpu": "aten._weight_int8pack_mm / _weight_int4pack_mm_for_cpu, bf16 activations",
+    }.get(layer.path, layer.path)
 
 
 def engine_decode(eng, tokens: int, repeats: int, prefill: int) -> dict:
@@ -220,7 +239,7 @@ def main(argv=None) -> int:
     for fmt in args.formats:
         from course_lib.engine.sampling import SamplingParams
 
-        eng, path = engine_for(fmt, args.prefill, args.model, args.decode)
+        eng, path = engine_for(fmt, args.prefill, args.model, args.decode, args.fp32_linear)
         path += f", decode={args.decode}"
         if args.decode != "eager":  # compile (or warm) the decode step before anything is timed
             eng.generate([PROMPT], SamplingParams(max_new_tokens=4, ignore_eos=True))

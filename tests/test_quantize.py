@@ -115,9 +115,9 @@ def test_bad_input():
 def test_cpu_packed_path_matches_the_reference(config, rows):
     gen = torch.Generator().manual_seed(rows)
     lin = Linear(torch.randn(48, 128, generator=gen) * 0.05, torch.randn(48, generator=gen))
-    layer = WeightOnlyLinear.from_linear(lin, config)
-    if not cpu_supports(layer.qw):
+    if not cpu_supports(quantize(lin.weight, config)):
         pytest.skip("this torch has no packed CPU kernels")
+    layer = WeightOnlyLinear.from_linear(lin, config, path="cpu")
     assert layer.path == "cpu"
     x = torch.randn(rows, 128, generator=gen)
     ref = layer.reference(x)
@@ -126,9 +126,34 @@ def test_cpu_packed_path_matches_the_reference(config, rows):
     assert layer(x3).shape == (1, rows, 48)
 
 
+@pytest.mark.parametrize("config", [QuantConfig(8, True, "channel"), QuantConfig(4, False, "group", 32)])
+@pytest.mark.parametrize("rows", [1, 2, 4, 7, 40])
+def test_gemv_path_matches_the_reference_with_fp32_activations(config, rows):
+    """The course's CPU kernels: auto's choice where they are built; fp32 activations, so int8 agrees with the
+    reference to fp32 rounding and int4 to its fp16 scales (the bf16 ``cpu`` path is ~100x looser)."""
+    from course_lib.compression.linear import gemv_supports
+
+    gen = torch.Generator().manual_seed(rows + config.bits)
+    lin = Linear(torch.randn(48, 128, generator=gen) * 0.05, torch.randn(48, generator=gen))
+    layer = WeightOnlyLinear.from_linear(lin, config)
+    if not gemv_supports(layer.qw):
+        pytest.skip("the CPU GEMV kernels are not built here")
+    assert layer.path == "gemv"
+    x = torch.randn(rows, 128, generator=gen)
+    ref = layer.reference(x)
+    from course_lib.kernels.cpu_gemv import MAX_ROWS
+
+    if rows <= MAX_ROWS:
+        tol = (1e-5 if config.bits == 8 else 2e-3) * ref.abs().max().item()
+    else:  # more rows than the kernels take: the bf16 ``cpu`` path
+        tol = 2e-2 * ref.abs().max().item()
+    torch.testing.assert_close(layer(x), ref, rtol=0, atol=tol)
+    assert layer(x.reshape(1, rows, 128)).shape == (1, rows, 48)
+
+
 def test_reference_path_for_formats_the_kernels_do_not_take():
-    lin = Linear(torch.randn(20, 64))  # 20 rows: not divisible by 16 for the int4 CPU kernel
-    layer = WeightOnlyLinear.from_linear(lin, QuantConfig(4, False, "group", 32))
+    lin = Linear(torch.randn(20, 64))  # 20 rows: not divisible by 16 for the int4 CPU kernel; groups of 16
+    layer = WeightOnlyLinear.from_linear(lin, QuantConfig(4, False, "group", 16))
     assert layer.path == "reference"
     x = torch.randn(2, 64)
     torch.testing.assert_close(layer(x), x @ dequantize(layer.qw).T)

@@ -98,16 +98,10 @@ class GemvRow:
 
 
 def _copy_for_timing(layer):
-    """A copy of ``layer`` with its own storage for what its forward reads (the packed CPU layout of a
-    quantized layer, the weight of a float one) and nothing else, so the copies cost the bytes they read."""
-    import copy
+    """A copy of ``layer`` that owns what its forward reads (``linear.timing_copy``)."""
+    from course_lib.compression.linear import timing_copy
 
-    c = copy.copy(layer)
-    if isinstance(layer, WeightOnlyLinear) and layer._prepared is not None:
-        c._prepared = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in layer._prepared)
-    else:
-        c.weight = layer.weight.clone()
-    return c
+    return timing_copy(layer)
 
 
 def gemv_speed(

@@ -2,10 +2,13 @@
 
 A decode step is 1-4 rows times every weight, so each product's speed is the weight's bytes ÷ the time,
 and the ceiling is the bandwidth a STREAM triad measures on the same machine (``measure.microbench``).
-``gemv_roof`` times the engine's fp32 layers (``F.linear`` and oneDNN-packed ``PackedLinear``) and the
-weight-only int8 (per channel) and int4 (asymmetric groups of 32, llama.cpp's Q4_1) layers on their CPU
-paths (and ``int8-dyn``: the opt-in ``path="dynamic"``, int8 activations too), each cycling through enough copies of its weight to read ``working_set`` bytes (≥ 4× the LLC,
-so no format is served from the cache), and reports GB/s of weight bytes and the fraction of STREAM.
+``gemv_roof`` times the engine's fp32 layers (``F.linear``, oneDNN-packed ``PackedLinear`` and the course's
+hand-written ``kernels.cpu_gemv``) and the weight-only int8 (per channel) and int4 (asymmetric groups of
+32, llama.cpp's Q4_1) layers on the course's kernels (fp32 activations) and on torch's packed CPU kernels
+(``int8 bf16``/``int4 bf16``: activations rounded to bf16), and ``int8-dyn`` (the opt-in
+``path="dynamic"``, int8 activations too), each cycling through enough copies of its weight to read
+``working_set`` bytes (≥ 4× the LLC, so no format is served from the cache), and reports GB/s of weight
+bytes and the fraction of STREAM.
 ``bf16_activation_error`` measures what the int8/int4 CPU kernels' bf16 rounding of the activations
 costs against the fp32 reference. ``achieved_bandwidth`` turns recorded tokens/s (the engine and
 llama.cpp, ``data/measurements/smollm2-vs-llamacpp-cpu.json``) into bytes/s on the same roof.
@@ -14,15 +17,22 @@ Introduced in 02_metrics_2_throughput_utilization.ipynb (issue 21).
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass
 
 import torch
 
-from course_lib.compression.linear import WeightOnlyLinear, dynamic_supports, layer_bytes
-from course_lib.compression.quantize import QuantConfig
-from course_lib.engine.layers import Linear, PackedLinear
+from course_lib.compression.linear import (
+    WeightOnlyLinear,
+    cpu_supports,
+    dynamic_supports,
+    gemv_supports,
+    layer_bytes,
+    timing_copy,
+)
+from course_lib.compression.quantize import QuantConfig, quantize
+from course_lib.engine.layers import Linear, PackedLinear, SkinnyLinear
+from course_lib.kernels import cpu_gemv
 from course_lib.measure.claims import claim, relative_spread
 
 GOAL = 0.75  # issue 21: decode-shaped products read their weight at >= 75% of STREAM
@@ -30,7 +40,31 @@ CONFIGS = {
     "int8": QuantConfig(bits=8, granularity="channel", symmetric=True),
     "int4": QuantConfig(bits=4, granularity="group", group_size=32, symmetric=False),
 }
-FORMATS = ("fp32", "fp32 packed", "int8", "int4", "int8-dyn")
+FORMATS = ("fp32", "fp32 packed", "fp32 gemv", "int8", "int8 bf16", "int4", "int4 bf16", "int8-dyn")
+# the format each kernel reads, and the path that runs it ("gemv": kernels.cpu_gemv, "cpu": torch's bf16 kernels)
+PATH_OF = {"int8": "gemv", "int8 bf16": "cpu", "int4": "gemv", "int4 bf16": "cpu", "int8-dyn": "dynamic"}
+
+
+def available_formats(formats=FORMATS) -> tuple:
+    """The formats of ``formats`` that can run here: the course's kernels need a C compiler
+    (``kernels.cpu_gemv``), torch's packed ones and fbgemm a torch built with them."""
+    w = torch.zeros(16, 64)
+    ok = []
+    for fmt in formats:
+        if fmt == "fp32 gemv":
+            good = cpu_gemv.available()
+        elif fmt == "fp32 packed":
+            good = PackedLinear.available(w)
+        elif fmt in PATH_OF:
+            qw = quantize(w, CONFIGS[fmt.split()[0].split("-")[0]])
+            good = {"gemv": gemv_supports, "cpu": cpu_supports, "dynamic": dynamic_supports}[PATH_OF[fmt]](qw)
+        else:
+            good = True
+        if good:
+            ok.append(fmt)
+    return tuple(ok)
+
+
 # bytes per weight of each format as its kernel stores it (llama.cpp: Q8_0 = 34 B and Q4_1 = 20 B per 32)
 BYTES_PER_WEIGHT = {"fp32": 4.0, "int8": 1.0, "int4": 0.5 + 4 / 32, "q8_0": 34 / 32, "q4_1": 20 / 32}
 
@@ -77,23 +111,15 @@ def _make(fmt: str, w: torch.Tensor):
         return Linear(w)
     if fmt == "fp32 packed":
         return PackedLinear(w, rows_hint=4)
-    if fmt == "int8-dyn":  # opt-in: int8 activations too (fbgemm), never chosen by path="auto"
-        return WeightOnlyLinear.from_linear(Linear(w), CONFIGS["int8"], path="dynamic")
-    return WeightOnlyLinear.from_linear(Linear(w), CONFIGS[fmt], path="auto")
+    if fmt == "fp32 gemv":
+        return SkinnyLinear(w)  # its 1..4-row products: kernels.cpu_gemv on the plain weight
+    # int8-dyn is opt-in: int8 activations too (fbgemm), never chosen by path="auto"
+    return WeightOnlyLinear.from_linear(Linear(w), CONFIGS[fmt.split()[0].split("-")[0]], path=PATH_OF[fmt])
 
 
 def _clone(layer):
     """A copy with its own storage for exactly what its forward reads (so copies cost what they read)."""
-    c = copy.copy(layer)
-    if isinstance(layer, WeightOnlyLinear) and layer.path == "dynamic":
-        c._prepared = layer._prepare_dynamic()  # fbgemm's own packed copy: what its forward reads
-    elif isinstance(layer, PackedLinear):
-        c._packed = layer._packed.clone()
-    elif isinstance(layer, WeightOnlyLinear) and layer._prepared is not None:
-        c._prepared = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in layer._prepared)
-    else:
-        c.weight = layer.weight.clone()
-    return c
+    return timing_copy(layer)
 
 
 def _nbytes(layer) -> int:
@@ -109,13 +135,14 @@ def gemv_roof(
     *,
     stream_gbps: float,
     rows=(1,),
-    formats=FORMATS,
+    formats=None,
     working_set: int = 128 * 2**20,
     repeats: int = 5,
     seed: int = 0,
 ) -> list[RoofRow]:
     """Time ``rows`` × (out, in) through each format of ``formats`` (see ``FORMATS``) with the current
-    torch threads; each sample is one pass over enough copies to read ``working_set`` bytes."""
+    torch threads; each sample is one pass over enough copies to read ``working_set`` bytes. ``formats``
+    None: every format that can run here (``available_formats``)."""
     _check_int("out_features", out_features)
     _check_int("in_features", in_features)
     _check_int("working_set", working_set)
@@ -125,9 +152,13 @@ def gemv_roof(
     rows = tuple(rows)
     for r in rows:
         _check_int("rows", r)
+    formats = available_formats() if formats is None else tuple(formats)
     bad = [f for f in formats if f not in FORMATS]
     if bad:
         raise ValueError(f"formats must be among {FORMATS}, got {bad}")
+    missing = [f for f in formats if f not in available_formats(formats)]
+    if missing:
+        raise ValueError(f"formats {missing} cannot run here (see available_formats); drop them")
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(out_features, in_features, generator=gen) * 0.02
     out = []
@@ -146,7 +177,7 @@ def gemv_roof(
                 for lay in layers:
                     lay(x)
                 samples.append((time.perf_counter() - t0) / len(layers))
-            path = getattr(layer, "path", "oneDNN packed" if fmt == "fp32 packed" else "F.linear")
+            path = getattr(layer, "path", {"fp32 packed": "oneDNN packed", "fp32 gemv": "gemv"}.get(fmt, "F.linear"))
             out.append(RoofRow(fmt, path, r, nbytes, tuple(samples), len(layers), float(stream_gbps)))
         del layers, layer
     return out
@@ -189,16 +220,15 @@ def table(rows: list[RoofRow]) -> str:
 @torch.inference_mode()
 def bf16_activation_error(out_features: int = 1024, in_features: int = 1024, rows: int = 2, seed: int = 0) -> dict:
     """Relative max error of each quantized layer's CPU path against its fp32 reference (the same
-    dequantized weight, fp32 activations): what rounding the activations costs (bf16 in the weight-only
-    kernels, int8 per row in ``int8-dyn``). Random Gaussian activations: real ones have outliers,
-    which cost int8 rounding more."""
+    dequantized weight, fp32 activations): what rounding the activations costs (none in the course's
+    kernels, ``int8``/``int4``, but their fp16 scales for int4; bf16 in torch's, ``int8 bf16``/``int4
+    bf16``; int8 per row in ``int8-dyn``). Random Gaussian activations: real ones have outliers, which
+    cost int8 rounding more."""
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(out_features, in_features, generator=gen) * 0.02
     x = torch.randn(rows, in_features, generator=gen)
     errs = {}
-    layers = {fmt: WeightOnlyLinear.from_linear(Linear(w), cfg, path="auto") for fmt, cfg in CONFIGS.items()}
-    if dynamic_supports(layers["int8"].qw):
-        layers["int8-dyn"] = WeightOnlyLinear.from_linear(Linear(w), CONFIGS["int8"], path="dynamic")
+    layers = {fmt: _make(fmt, w) for fmt in available_formats(tuple(PATH_OF))}
     for fmt, lay in layers.items():
         ref = lay.reference(x)
         errs[fmt] = ((lay(x) - ref).abs().max() / ref.abs().max()).item()

@@ -9,9 +9,13 @@ against the first:
   (int4 in groups, the (u − 8)·scale + zero format). Their fast path takes bf16 activations, so the
   layer rounds x to bf16 and returns x's dtype; results agree with the reference to bf16 precision.
 - ``dynamic`` (opt-in, int8 per channel on an x86 CPU; ``auto`` never picks it): fbgemm's
-  ``quantized.linear_dynamic``, which also rounds each call's activations to 8 bits and multiplies
+  ``quantized.linear_dynamic``, which also rounds each call's activations to 8 bits (7 on a CPU without
+  VNNI, ``dynamic_reduce_range``) and multiplies
   integers (VNNI). It reads the same int8 bytes faster than ``cpu`` on this course's CPU
   (``compression.gemv_roof`` times both) at the price of int8 activations (its error is measured there).
+- ``gemv`` (what ``auto`` picks on a CPU where ``kernels.cpu_gemv`` is built): the course's hand-written
+  CPU kernels, int8 per channel or int4 in groups of 32·j inputs, with the activations kept in fp32 (no
+  bf16 rounding); 1..4 rows, more rows take the ``cpu`` path (or the reference where it does not apply).
 - ``triton``: the course's kernels (``course_lib.kernels.quant_matmul``: ``int8``, ``int4``), which
   dequantize in registers on a GPU (and run, slowly, in the Triton interpreter for tests).
 A decode step reads the integers and scales instead of fp32 weights: ~4× fewer bytes for int8 and ~8×
@@ -22,13 +26,17 @@ Introduced in 03_compression.ipynb.
 
 from __future__ import annotations
 
+import functools
+import platform
+
 import torch
 import torch.nn.functional as F
 
 from course_lib.compression.quantize import QuantConfig, QuantizedWeight, dequantize, quantize, unpack_int4
 from course_lib.engine.layers import Linear
+from course_lib.kernels import cpu_gemv
 
-PATHS = ("auto", "reference", "cpu", "triton", "dynamic")
+PATHS = ("auto", "reference", "cpu", "gemv", "triton", "dynamic")
 CPU_INT4_GROUPS = (32, 64, 128, 256)
 
 
@@ -45,6 +53,19 @@ def cpu_supports(qw: QuantizedWeight) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=1)
+def dynamic_reduce_range() -> bool:
+    """Whether fbgemm's dynamic linear must round activations to 7 bits, not 8: without VNNI (an AVX2
+    CPU) it sums pairs of u8·s8 products in int16 (``vpmaddubsw``), which saturates at 8 bits; measured on
+    a 2-core AVX2 VM, a (32, 64) product was off by up to 21% of max |y| at 8 bits, ~1% at 7. With VNNI
+    (``avx512_vnni``/``avx_vnni``) the sums are int32 and the full 8 bits are kept. (PyTorch's default
+    fbgemm qconfig sets ``reduce_range=True`` everywhere for this reason.)"""
+    from course_lib.measure.hardware.cpu_probe import _cpu_flags, _cpuinfo
+
+    flags = _cpu_flags(_cpuinfo())
+    return not ({"avx512_vnni", "avx_vnni"} & flags) and platform.machine() in ("x86_64", "AMD64")
+
+
 def dynamic_supports(qw: QuantizedWeight) -> bool:
     """Whether fbgemm's dynamic int8 linear takes this weight: int8 symmetric per channel, on a CPU."""
     c = qw.config
@@ -55,6 +76,19 @@ def dynamic_supports(qw: QuantizedWeight) -> bool:
         and qw.data.device.type == "cpu"
         and "fbgemm" in torch.backends.quantized.supported_engines
     )
+
+
+def gemv_supports(qw: QuantizedWeight) -> bool:
+    """Whether the course's CPU kernels (``kernels.cpu_gemv``) take this format: int8 symmetric per channel,
+    or int4 in groups of a multiple of 32 inputs, on a CPU where they are built."""
+    c = qw.config
+    if qw.data.device.type != "cpu":
+        return False
+    if c.bits == 8:
+        ok = c.symmetric and c.granularity == "channel"
+    else:
+        ok = c.granularity == "group" and qw.group_size % cpu_gemv.INT4_GROUP_MULTIPLE == 0
+    return ok and cpu_gemv.available()
 
 
 def triton_supports(qw: QuantizedWeight) -> bool:
@@ -80,6 +114,8 @@ class WeightOnlyLinear(Linear):
         self.max_rows = max_rows
         self.path = self._choose(path)
         self._prepared = None  # the chosen kernel's layout, made on first use
+        self._gemv = None  # the gemv path's layout, made on first use
+        self._reduce_range = self.path == "dynamic" and dynamic_reduce_range()  # 7-bit activations without VNNI
 
     # Linear's interface reads .weight: expose the dequantized view lazily for tools that want it
     @property
@@ -112,6 +148,11 @@ class WeightOnlyLinear(Linear):
             raise ValueError(
                 f"path='triton' needs int8 per-channel symmetric or int4 groups, got {self.qw.config.name}"
             )
+        if path == "gemv" and not gemv_supports(self.qw):
+            raise ValueError(
+                f"path='gemv' needs int8 symmetric per-channel or int4 groups of a multiple of 32 on a CPU where "
+                f"kernels.cpu_gemv is built ({cpu_gemv.unavailable_reason() or 'it is'}); got {self.qw.config.name}"
+            )
         if path == "dynamic" and not dynamic_supports(self.qw):
             raise ValueError(
                 f"path='dynamic' needs int8 symmetric per-channel weights on a CPU with torch's fbgemm engine; "
@@ -121,6 +162,8 @@ class WeightOnlyLinear(Linear):
             return path
         if dev == "cuda" and triton_supports(self.qw):
             return "triton"
+        if dev == "cpu" and gemv_supports(self.qw):
+            return "gemv"
         if dev == "cpu" and cpu_supports(self.qw):
             return "cpu"
         return "reference"
@@ -146,6 +189,22 @@ class WeightOnlyLinear(Linear):
         sz = torch.stack([qw.scale, qw.zero], dim=2).transpose(0, 1).contiguous()  # (K/g, N, 2)
         return ("int4", packed, sz.to(torch.bfloat16))
 
+    def _prepare_gemv(self):
+        qw = self.qw
+        if qw.config.bits == 8:
+            return qw.data.contiguous(), qw.scale[:, 0].float().contiguous()
+        return cpu_gemv.int4_layout(qw.data, qw.scale, qw.zero, qw.group_size)
+
+    def _forward_gemv(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2 (rows <= cpu_gemv.MAX_ROWS, in) → (rows, out) fp32, on the course's kernels."""
+        if self._gemv is None:
+            self._gemv = self._prepare_gemv()
+        x2 = x2.float().contiguous()
+        if self.qw.config.bits == 8:
+            q, scale = self._gemv
+            return cpu_gemv.run_int8(x2, q, scale, torch.get_num_threads())
+        return cpu_gemv.run_int4(x2, self._gemv, torch.get_num_threads())
+
     def _prepare_dynamic(self):
         import warnings
 
@@ -161,16 +220,26 @@ class WeightOnlyLinear(Linear):
                 torch.backends.quantized.engine = prev
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.path == "gemv" and x.dim() == 2 and x.shape[0] <= cpu_gemv.MAX_ROWS and x.dtype == torch.float32:
+            y = self._forward_gemv(x)  # a decode step's few rows: the shortest way to the kernel
+            return y if self.bias is None else y.add_(self.bias)
         rows = x.numel() // max(x.shape[-1], 1)
         if self.path == "reference" or rows > self.max_rows or (self.path == "dynamic" and x.dtype != torch.float32):
             return self.reference(x)
         lead, k = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, k)
-        if self.path == "dynamic":
+        path = self.path
+        if path == "gemv" and rows > cpu_gemv.MAX_ROWS:  # a few rows more: a GEMM's kernel, or the reference
+            if not cpu_supports(self.qw):
+                return self.reference(x)
+            path = "cpu"
+        if path == "gemv":
+            y = self._forward_gemv(x2).to(x.dtype)
+        elif path == "dynamic":
             if self._prepared is None:
                 self._prepared = self._prepare_dynamic()
-            y = torch.ops.quantized.linear_dynamic(x2.contiguous(), self._prepared)
-        elif self.path == "cpu":
+            y = torch.ops.quantized.linear_dynamic(x2.contiguous(), self._prepared, self._reduce_range)
+        elif path == "cpu":
             if self._prepared is None:
                 self._prepared = self._prepare_cpu()
             kind, data, params = self._prepared
@@ -206,8 +275,39 @@ class WeightOnlyLinear(Linear):
         )
 
 
+def timing_copy(layer):
+    """A copy of ``layer`` with its own storage for exactly what its forward reads (the chosen kernel's
+    layout of a quantized layer, the packed copy of a ``PackedLinear``, the weight of a float one) and
+    nothing else, so that timing many copies in turn reads their bytes from memory, not from the cache."""
+    import copy
+
+    from course_lib.engine.layers import PackedLinear
+
+    c = copy.copy(layer)
+    if isinstance(layer, WeightOnlyLinear) and layer.path == "dynamic":
+        c._prepared = layer._prepare_dynamic()  # fbgemm's own packed copy
+    elif isinstance(layer, WeightOnlyLinear) and layer.path == "gemv":
+        g = layer._gemv if layer._gemv is not None else layer._prepare_gemv()
+        if isinstance(g, tuple):
+            c._gemv = tuple(t.clone() for t in g)
+        else:
+            c._gemv = cpu_gemv.Int4Layout(g.packed.clone(), g.s.clone(), g.c.clone(), g.group_size)
+    elif isinstance(layer, WeightOnlyLinear) and layer._prepared is not None:
+        c._prepared = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in layer._prepared)
+    elif isinstance(layer, PackedLinear):
+        c._packed = layer._packed.clone()
+    else:
+        c.weight = layer.weight.clone()
+    return c
+
+
 def layer_bytes(lin) -> int:
     """Bytes one decode-shaped forward of ``lin`` reads, as its kernel stores them."""
+    if isinstance(lin, WeightOnlyLinear) and lin.path == "gemv":
+        n, k = lin.qw.shape
+        if lin.qw.config.bits == 8:
+            return n * k + n * 4  # int8 + one fp32 scale per row
+        return n * k // 2 + (k // lin.qw.group_size) * n * 2 * 2  # nibbles + an fp16 (s, c) per group
     if isinstance(lin, WeightOnlyLinear) and lin.path == "cpu":
         n, k = lin.qw.shape
         if lin.qw.config.bits == 8:
@@ -216,4 +316,14 @@ def layer_bytes(lin) -> int:
     return int(lin.nbytes)
 
 
-__all__ = ["PATHS", "WeightOnlyLinear", "cpu_supports", "dynamic_supports", "layer_bytes", "triton_supports"]
+__all__ = [
+    "PATHS",
+    "WeightOnlyLinear",
+    "cpu_supports",
+    "dynamic_reduce_range",
+    "dynamic_supports",
+    "gemv_supports",
+    "layer_bytes",
+    "timing_copy",
+    "triton_supports",
+]

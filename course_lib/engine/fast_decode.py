@@ -63,7 +63,13 @@ def _(x, packed, out_features):
 
 
 def opaque_linear(layer, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)``, with a packed ``SkinnyLinear`` product routed through ``packed_linear`` (for the compiler)."""
+    """``layer(x)``, with a ``SkinnyLinear`` product routed through ``cpu_gemv_f32`` or ``packed_linear``
+    (opaque ops, for the compiler), as the eager layer would route it."""
+    if x.shape[0] <= getattr(layer, "gemv_rows", 0) and x.dtype == torch.float32:
+        from course_lib.kernels.cpu_gemv import gemv_f32_op
+
+        y = gemv_f32_op(x, layer.weight)
+        return y if layer.bias is None else y + layer.bias
     packed = getattr(layer, "_packed", None)
     if (
         packed is not None

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from course_lib.kernels import cpu_gemv
+
 
 class Linear:
     """``y = x Wᵀ + b`` with ``weight`` (out, in): the reference every other linear layer is tested against."""
@@ -78,19 +80,23 @@ class Linear:
 
 
 class SkinnyLinear(Linear):
-    """The same ``y = x Wᵀ + b``, routed by shape to the library kernel that streams W fastest on a CPU.
+    """The same ``y = x Wᵀ + b``, routed by shape to the kernel that streams W fastest on a CPU.
 
     A decode step multiplies each weight by a handful of rows: a GEMV-like product whose speed is how
     fast W comes from memory. Measured on a 2-core AVX-512 CPU with a 314 MB fp32 model, torch's default
     (MKL) path streams W at ~13 GB/s at 1 row and 7-10 GB/s at 2-8 rows; oneDNN with the weight packed
-    once into its blocked layout streams it at 20-30 GB/s. (OpenBLAS sgemv through numpy is as fast
-    alone, but its thread pool fights torch's for the two cores inside a real step.) So:
-    - 1..``max_packed_rows`` rows, W ≥ ``min_bytes``: oneDNN ``_linear_pointwise`` on a weight packed on
+    once into its blocked layout streams it at 20-30 GB/s there, and at 12-17 GB/s on a 2-core AVX2 VM,
+    where the course's own kernel (``kernels.cpu_gemv``, plain layout) reads it at 15-17 GB/s.
+    (OpenBLAS sgemv through numpy is as fast alone, but its thread pool fights torch's for the two cores
+    inside a real step.) So:
+    - 1..``gemv_rows`` rows (``cpu_gemv.MAX_ROWS``; 0 turns it off), where the kernels are built: the
+      course's GEMV (``gemv_f32``) on the plain weight, no second copy;
+    - up to ``max_packed_rows`` rows, W ≥ ``min_bytes``: oneDNN ``_linear_pointwise`` on a weight packed on
       first use (a private torch op, as inductor uses it: if it is missing or fails, this layer switches
       itself off and uses F.linear);
     - anything else (a prefill, a small W, not fp32 on a CPU): ``F.linear``, the reference.
-    Results agree with ``F.linear`` to fp32 rounding (~1e-6 relative), not bit for bit. The packed copy
-    doubles this layer's weight memory.
+    Results agree with ``F.linear`` to fp32 rounding (~1e-6 relative), not bit for bit. The packed copy,
+    made only when a 5..16-row product comes, doubles this layer's weight memory.
     """
 
     def __init__(
@@ -99,8 +105,13 @@ class SkinnyLinear(Linear):
         bias: torch.Tensor | None = None,
         min_bytes: int = 1 << 16,
         max_packed_rows: int = 16,
+        gemv_rows: int | None = None,
     ) -> None:
         super().__init__(weight, bias)
+        if gemv_rows is None:
+            gemv_rows = cpu_gemv.MAX_ROWS
+        if not isinstance(gemv_rows, int) or not 0 <= gemv_rows <= cpu_gemv.MAX_ROWS:
+            raise ValueError(f"gemv_rows must be an int in 0..{cpu_gemv.MAX_ROWS}, got {gemv_rows!r}")
         self.enabled = (
             weight.device.type == "cpu"
             and weight.dtype == torch.float32
@@ -108,13 +119,18 @@ class SkinnyLinear(Linear):
             and torch.backends.mkldnn.is_available()
         )
         self.max_packed_rows = max_packed_rows
-        self._packed = None  # oneDNN's blocked copy of W, made on the first decode-shaped call
+        self._packed = None  # oneDNN's blocked copy of W, made on the first 5..16-row call
+        plain = weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.is_contiguous()
+        self.gemv_rows = gemv_rows if gemv_rows and plain and cpu_gemv.available() else 0
 
     @classmethod
     def from_linear(cls, lin: Linear, **kwargs) -> "SkinnyLinear":
         return cls(lin.weight, lin.bias, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.shape[0] <= self.gemv_rows and x.dtype == torch.float32 and x.device.type == "cpu":
+            y = cpu_gemv.run_f32(x.contiguous(), self.weight, torch.get_num_threads())
+            return y if self.bias is None else y.add_(self.bias)
         if self.enabled and x.dim() == 2 and x.shape[0] <= self.max_packed_rows and x.dtype == torch.float32:
             try:
                 if self._packed is None:

@@ -1,0 +1,211 @@
+/* Decode-shaped products on a CPU, written for the bandwidth roof: y[m, n] = sum_k x[m, k] * W[n, k].
+
+   A decode step multiplies each weight matrix by a handful of rows (M = 1..16), so its time is the bytes
+   of W it reads. Each kernel streams W once, RB rows at a time (the row blocks split over the threads),
+   and keeps the M input rows in cache: for M > 1 a block is re-read from L1, not from memory. The weights
+   become floats in registers; the activations stay fp32 (no rounding to bf16 or to 8 bits).
+
+   Portable C: GCC's vector extensions (8 floats), lowered by -march=native to AVX2/AVX-512 or NEON.
+   Threads: OpenMP, bound at run time to the libgomp torch has loaded, so both share one thread pool.
+   Built on first use by course_lib.kernels.cpu_gemv, and tested there against F.linear. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef int8_t i8x8 __attribute__((vector_size(8)));
+typedef uint8_t u8x8 __attribute__((vector_size(8)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+
+static inline f32x8 ld(const float *p) { f32x8 v; memcpy(&v, p, sizeof v); return v; }
+#if defined(__AVX2__)
+#include <immintrin.h> /* the byte-to-float widening, which GCC does not vectorize from the generic form */
+static inline f32x8 ld8(const int8_t *p) {
+    return (f32x8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline f32x8 u4f(u8x8 v) {
+    __m128i b;
+    memcpy(&b, &v, 8);
+    return (f32x8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+}
+#else
+static inline f32x8 ld8(const int8_t *p) {
+    i8x8 v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(__builtin_convertvector(v, i32x8), f32x8);
+}
+static inline f32x8 u4f(u8x8 v) { return __builtin_convertvector(__builtin_convertvector(v, i32x8), f32x8); }
+#endif
+static inline float hsum(f32x8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+
+#define RB 4 /* weight rows per block */
+/* the next row block's cache lines, one block ahead (a block's rows are short: the hardware prefetcher
+   alone restarts at every row) */
+#ifndef NO_PREFETCH
+#define PREFETCH(p) __builtin_prefetch((p), 0, 0)
+#else
+#define PREFETCH(p)
+#endif
+
+/* One row block of fp32 or int8 weights against one input row: s[r] = sum_k x[k] * w[r][k]. */
+#define DOT_BLOCK(T, LOAD)                                                                                    \
+    static inline void dot4_##T(const float *x, const T *w, int64_t K, float *s) {                            \
+        const T *w0 = w, *w1 = w + K, *w2 = w + 2 * K, *w3 = w + 3 * K;                                       \
+        f32x8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};                  \
+        int64_t k = 0;                                                                                        \
+        for (; k + 16 <= K; k += 16) {                                                                        \
+            if (!((k * (int64_t)sizeof(T)) & 63)) {                                                           \
+                PREFETCH(w3 + K + k); PREFETCH(w3 + 2 * K + k); PREFETCH(w3 + 3 * K + k); PREFETCH(w3 + 4 * K + k); \
+            }                                                                                                 \
+            f32x8 x0 = ld(x + k), x1 = ld(x + k + 8);                                                         \
+            a0 += LOAD(w0 + k) * x0; b0 += LOAD(w0 + k + 8) * x1;                                             \
+            a1 += LOAD(w1 + k) * x0; b1 += LOAD(w1 + k + 8) * x1;                                             \
+            a2 += LOAD(w2 + k) * x0; b2 += LOAD(w2 + k + 8) * x1;                                             \
+            a3 += LOAD(w3 + k) * x0; b3 += LOAD(w3 + k + 8) * x1;                                             \
+        }                                                                                                     \
+        float s0 = hsum(a0 + b0), s1 = hsum(a1 + b1), s2 = hsum(a2 + b2), s3 = hsum(a3 + b3);                 \
+        for (; k < K; k++) {                                                                                  \
+            s0 += w0[k] * x[k]; s1 += w1[k] * x[k]; s2 += w2[k] * x[k]; s3 += w3[k] * x[k];                   \
+        }                                                                                                     \
+        s[0] = s0; s[1] = s1; s[2] = s2; s[3] = s3;                                                           \
+    }                                                                                                         \
+    static inline float dot1_##T(const float *x, const T *w, int64_t K) {                                     \
+        f32x8 a = {0};                                                                                        \
+        int64_t k = 0;                                                                                        \
+        for (; k + 8 <= K; k += 8) a += LOAD(w + k) * ld(x + k);                                              \
+        float s = hsum(a);                                                                                    \
+        for (; k < K; k++) s += w[k] * x[k];                                                                  \
+        return s;                                                                                             \
+    }
+
+DOT_BLOCK(float, ld)
+DOT_BLOCK(int8_t, ld8)
+
+/* fp32 weights (N, K), row-major; scale: NULL, or one fp32 factor per output row (int8 below). */
+#define GEMV(T)                                                                                                \
+    void gemv_##T(const float *x, const T *w, const float *scale, float *y, int64_t M, int64_t N, int64_t K,    \
+                  int threads) {                                                                               \
+        const int64_t blocks = (N + RB - 1) / RB;                                                              \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                                      \
+        for (int64_t b = 0; b < blocks; b++) {                                                                 \
+            const int64_t n0 = b * RB, rows = N - n0 < RB ? N - n0 : RB;                                       \
+            for (int64_t m = 0; m < M; m++) {                                                                  \
+                float s[RB], *ym = y + m * N + n0;                                                             \
+                if (rows == RB) dot4_##T(x + m * K, w + n0 * K, K, s);                                         \
+                else for (int64_t r = 0; r < rows; r++) s[r] = dot1_##T(x + m * K, w + (n0 + r) * K, K);       \
+                for (int64_t r = 0; r < rows; r++) ym[r] = scale ? s[r] * scale[n0 + r] : s[r];                \
+            }                                                                                                  \
+        }                                                                                                      \
+    }
+
+GEMV(float)
+GEMV(int8_t)
+
+/* One int4 row against one prepared input row: sum_g s_g * (lo . xe_g + hi . xo_g) + c_g * xg_g. */
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+/* 32 nibbles (16 bytes) against their 16 even and 16 odd inputs, into two accumulators. */
+static inline void i4_chunk(const uint8_t *p, const float *e, const float *o, __m256 *t0, __m256 *t1) {
+    const __m128i low4 = _mm_set1_epi8(15);
+    const __m128i b = _mm_loadu_si128((const __m128i *)p);
+    const __m128i lo = _mm_and_si128(b, low4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
+    *t0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), _mm256_loadu_ps(e), *t0);
+    *t1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), _mm256_loadu_ps(e + 8), *t1);
+    *t0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), _mm256_loadu_ps(o), *t0);
+    *t1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), _mm256_loadu_ps(o + 8), *t1);
+}
+
+static inline float i4_row(const float *xe, const float *xo, const float *xg, const uint8_t *pr, const _Float16 *sr,
+                           const _Float16 *cr, int64_t G, int64_t gs) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+    if (gs == 32) { /* Q4_1's groups: one chunk per group, two groups per iteration */
+        int64_t g = 0;
+        for (; g + 2 <= G; g += 2) {
+            __m256 t0 = _mm256_setzero_ps(), t1 = _mm256_setzero_ps(), u0 = _mm256_setzero_ps(), u1 = _mm256_setzero_ps();
+            i4_chunk(pr + 16 * g, xe + 16 * g, xo + 16 * g, &t0, &t1);
+            i4_chunk(pr + 16 * g + 16, xe + 16 * g + 16, xo + 16 * g + 16, &u0, &u1);
+            const __m256 s0 = _mm256_set1_ps((float)sr[g]), s1 = _mm256_set1_ps((float)sr[g + 1]);
+            acc0 = _mm256_fmadd_ps(t0, s0, acc0);
+            acc1 = _mm256_fmadd_ps(t1, s0, acc1);
+            acc2 = _mm256_fmadd_ps(u0, s1, acc2);
+            acc3 = _mm256_fmadd_ps(u1, s1, acc3);
+        }
+        if (g < G) {
+            __m256 t0 = _mm256_setzero_ps(), t1 = _mm256_setzero_ps();
+            i4_chunk(pr + 16 * g, xe + 16 * g, xo + 16 * g, &t0, &t1);
+            const __m256 s0 = _mm256_set1_ps((float)sr[g]);
+            acc0 = _mm256_fmadd_ps(t0, s0, acc0);
+            acc1 = _mm256_fmadd_ps(t1, s0, acc1);
+        }
+    } else {
+        for (int64_t g = 0; g < G; g++) {
+            __m256 t0 = _mm256_setzero_ps(), t1 = _mm256_setzero_ps();
+            for (int64_t j = g * (gs / 2); j < (g + 1) * (gs / 2); j += 16) i4_chunk(pr + j, xe + j, xo + j, &t0, &t1);
+            const __m256 sg = _mm256_set1_ps((float)sr[g]);
+            acc0 = _mm256_fmadd_ps(t0, sg, acc0);
+            acc1 = _mm256_fmadd_ps(t1, sg, acc1);
+        }
+    }
+    __m256 z = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 8 <= G; g += 8) z = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cr + g))), _mm256_loadu_ps(xg + g), z);
+    float zero_term = hsum((f32x8)z);
+    for (; g < G; g++) zero_term += (float)cr[g] * xg[g];
+    return hsum((f32x8)_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3))) + zero_term;
+}
+#else
+static inline float i4_row(const float *xe, const float *xo, const float *xg, const uint8_t *pr, const _Float16 *sr,
+                           const _Float16 *cr, int64_t G, int64_t gs) {
+    f32x8 acc0 = {0}, acc1 = {0};
+    float zero_term = 0.f;
+    for (int64_t g = 0; g < G; g++) {
+        f32x8 t0 = {0}, t1 = {0};
+        for (int64_t j = g * gs / 2; j < (g + 1) * gs / 2; j += 16) { /* 16 bytes = 32 weights */
+            u8x8 b0, b1;
+            memcpy(&b0, pr + j, 8);
+            memcpy(&b1, pr + j + 8, 8);
+            t0 += u4f(b0 & 15) * ld(xe + j) + u4f(b0 >> 4) * ld(xo + j);
+            t1 += u4f(b1 & 15) * ld(xe + j + 8) + u4f(b1 >> 4) * ld(xo + j + 8);
+        }
+        const float sg = (float)sr[g];
+        acc0 += t0 * sg;
+        acc1 += t1 * sg;
+        zero_term += (float)cr[g] * xg[g];
+    }
+    return hsum(acc0 + acc1) + zero_term;
+}
+#endif
+
+/* int4 weights in groups of gs inputs (gs a multiple of 32): packed (N, K/2) bytes, low nibble = even input,
+   high nibble = odd input; w[n, k] = u * s[n, g] + c[n, g] with u in [0, 15] and g = k / gs (fp16 s and c,
+   the layout of llama.cpp's Q4_1 at gs = 32). With each input row split into its even and odd elements
+   (xe, xo) and its sums per group (xg), y = sum_g s_g * (lo . xe_g + hi . xo_g) + c_g * xg_g: the nibbles
+   never need the offset subtracted. Returns 0, or -1 when the scratch for xe, xo, xg cannot be allocated. */
+int gemv_i4(const float *x, const uint8_t *packed, const _Float16 *s, const _Float16 *c, float *y, int64_t M,
+            int64_t N, int64_t K, int64_t gs, int threads) {
+    const int64_t G = K / gs, half = K / 2;
+    float *scratch = malloc(sizeof(float) * M * (K + G));
+    if (!scratch) return -1;
+    for (int64_t m = 0; m < M; m++) { /* the input rows, rearranged once per call */
+        float *xe = scratch + m * (K + G), *xo = xe + half, *xg = xo + half;
+        const float *xm = x + m * K;
+        for (int64_t k = 0; k < half; k++) { xe[k] = xm[2 * k]; xo[k] = xm[2 * k + 1]; }
+        for (int64_t g = 0; g < G; g++) {
+            float t = 0.f;
+            for (int64_t k = g * gs; k < (g + 1) * gs; k++) t += xm[k];
+            xg[g] = t;
+        }
+    }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *pr = packed + n * half;
+        const _Float16 *sr = s + n * G, *cr = c + n * G;
+        if (n + 1 < N)
+            for (int64_t off = 0; off < half; off += 64) PREFETCH(pr + half + off); /* the next row */
+        for (int64_t m = 0; m < M; m++) {
+            const float *xe = scratch + m * (K + G), *xo = xe + half, *xg = xo + half;
+            y[m * N + n] = i4_row(xe, xo, xg, pr, sr, cr, G, gs);
+        }
+    }
+    free(scratch);
+    return 0;
+}

@@ -1,0 +1,105 @@
+"""The hand-written CPU GEMV kernels against F.linear on the weight they stand for (issue 21)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib.kernels import cpu_gemv
+
+pytestmark = pytest.mark.skipif(not cpu_gemv.available(), reason=f"no CPU GEMV: {cpu_gemv.unavailable_reason()}")
+
+SHAPES = [(1, 1), (3, 7), (5, 16), (8, 33), (13, 64), (64, 100), (97, 576), (130, 1536)]
+
+
+def _tol(k: int) -> float:
+    return 1e-5 * max(k, 16) ** 0.5
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_f32_matches_linear(m, n, k, threads):
+    g = torch.Generator().manual_seed(n * 1000 + k + m)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    y = cpu_gemv.gemv_f32(x, w, threads=threads)
+    ref = F.linear(x.double(), w.double()).float()
+    assert y.shape == (m, n)
+    torch.testing.assert_close(y, ref, rtol=_tol(k), atol=_tol(k))
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", [1, 4])
+def test_int8_matches_linear(m, n, k):
+    g = torch.Generator().manual_seed(n + 7 * k + m)
+    q = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    scale = torch.rand(n, generator=g) / 64 + 1e-3
+    x = torch.randn(m, k, generator=g)
+    y = cpu_gemv.gemv_int8(x, q, scale)
+    ref = F.linear(x.double(), q.double() * scale.double()[:, None]).float()
+    torch.testing.assert_close(y, ref, rtol=_tol(k), atol=_tol(k))
+
+
+@pytest.mark.parametrize(
+    "n,k,gs", [(1, 32, 32), (3, 64, 32), (17, 96, 32), (40, 576, 32), (9, 256, 64), (24, 512, 128)]
+)
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_int4_matches_linear(m, n, k, gs):
+    g = torch.Generator().manual_seed(n + k + gs + m)
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    scale = torch.rand(n, k // gs, generator=g) / 16 + 1e-3
+    zero = torch.randn(n, k // gs, generator=g) / 8
+    layout = cpu_gemv.int4_layout(packed, scale, zero, gs)
+    x = torch.randn(m, k, generator=g)
+    y = cpu_gemv.gemv_int4(x, layout)
+    ref = F.linear(x.double(), layout.dequantize().double()).float()
+    torch.testing.assert_close(y, ref, rtol=_tol(k), atol=_tol(k))
+    # the layout is the course's format (u - 8)·scale + zero, up to the fp16 rounding of s and c
+    u = torch.stack([packed & 15, packed >> 4], -1).reshape(n, k).float()
+    course = (u - 8) * scale.repeat_interleave(gs, 1) + zero.repeat_interleave(gs, 1)
+    torch.testing.assert_close(layout.dequantize(), course, rtol=2e-3, atol=2e-3)
+
+
+def test_bad_input_is_named():
+    w = torch.randn(8, 16)
+    with pytest.raises(ValueError, match="x must have 16 columns"):
+        cpu_gemv.gemv_f32(torch.randn(1, 15), w)
+    with pytest.raises(ValueError, match="1..4 rows"):
+        cpu_gemv.gemv_f32(torch.randn(5, 16), w)
+    with pytest.raises(ValueError, match="w must be a contiguous 2-D torch.float32"):
+        cpu_gemv.gemv_f32(torch.randn(1, 16), w.t())
+    with pytest.raises(ValueError, match="x must be a contiguous 2-D torch.float32"):
+        cpu_gemv.gemv_f32(torch.randn(1, 16, dtype=torch.float64), w)
+    with pytest.raises(ValueError, match="scale must have shape"):
+        cpu_gemv.gemv_int8(torch.randn(1, 16), torch.zeros(8, 16, dtype=torch.int8), torch.ones(7))
+    with pytest.raises(ValueError, match="group_size must be a multiple of 32"):
+        cpu_gemv.int4_layout(torch.zeros(4, 8, dtype=torch.uint8), torch.ones(4, 1), torch.ones(4, 1), 16)
+    with pytest.raises(ValueError, match="threads must be a positive int"):
+        cpu_gemv.gemv_f32(torch.randn(1, 16), w, threads=0)
+
+
+def test_one_openmp_runtime_shared_with_torch():
+    """The kernels bind to the libgomp torch loaded: one OpenMP runtime (one thread pool) in the process."""
+    code = (
+        "import torch, re\n"
+        "from course_lib.kernels import cpu_gemv\n"
+        "cpu_gemv.gemv_f32(torch.randn(1, 64), torch.randn(64, 64))\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "print(sorted({m for m in re.findall(r'\\S*libgomp\\S*', maps)}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    libs = eval(out.strip())
+    assert len(libs) == 1, libs
+
+
+def test_turned_off_by_environment(tmp_path):
+    code = "from course_lib.kernels import cpu_gemv; print(cpu_gemv.available(), cpu_gemv.unavailable_reason())"
+    env = {"COURSE_CPU_GEMV": "0", "COURSE_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    import os
+
+    r = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env={**os.environ, **env}
+    )
+    assert r.stdout.startswith("False turned off by COURSE_CPU_GEMV=0"), r.stdout + r.stderr
