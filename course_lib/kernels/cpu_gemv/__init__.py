@@ -176,7 +176,7 @@ def _lib():
 def gemv_f32(x: torch.Tensor, w: torch.Tensor, *, threads: int | None = None) -> torch.Tensor:
     """``x @ w.T`` for x (rows ≤ MAX_ROWS, in) fp32 and w (out, in) fp32, both contiguous on the CPU."""
     _check_cpu("w", w, torch.float32)
-    m = _check_x(x, w.shape[1])
+    _check_x(x, w.shape[1])
     nt = _threads(threads)
     _lib()
     return run_f32(x, w, nt)
@@ -188,7 +188,7 @@ def gemv_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, *, threads:
     _check_cpu("scale", scale, torch.float32, dims=1)
     if scale.shape[0] != q.shape[0]:
         raise ValueError(f"scale must have shape ({q.shape[0]},) (one per output row), got {tuple(scale.shape)}")
-    m = _check_x(x, q.shape[1])
+    _check_x(x, q.shape[1])
     nt = _threads(threads)
     _lib()
     return run_int8(x, q, scale, nt)
