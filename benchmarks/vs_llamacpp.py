@@ -17,8 +17,10 @@ The peer a learner would pick for CPU inference is llama.cpp. Both sides run the
 - ``--model tiny-target``: the course's 5M model in fp32 only, written for llama.cpp by ``models.gguf_export``
   (its byte-level BPE vocabulary and the q/k rotary permutation, checked token for token in its tests);
 - prefill: ``--prefill`` prompt tokens in one call (llama.cpp's ``n_batch`` = the prompt) vs one engine step.
-Decode is timed per token over ``--tokens`` greedy tokens after a short prompt (median of ``--repeats``
-runs): the engine through ``engine.step()`` (what a user's TPOT is), llama.cpp through ``Llama.eval`` of one
+Decode is timed per token over ``--tokens`` greedy tokens after a short prompt, in ``--repeats`` paired
+rounds (each round times the engine, then llama.cpp, then both prefills, so the two sides of a ratio share
+the same minute of the machine; the ratio is the median of the rounds' ratios, their range beside it):
+the engine through ``engine.step()`` (what a user's TPOT is), llama.cpp through ``Llama.eval`` of one
 token plus a greedy argmax over its logits (read from the context, as the binding keeps none). It prints tokens/s and the ratio engine ÷ llama.cpp, with the
 issue's goals beside them (fp32 ≥ 0.9×, int8 and int4 ≥ 0.8×, prefill ≥ 1.0×), and writes JSON with the
 machine and versions. llama.cpp comes from ``pip install llama-cpp-python`` (built from source on the
@@ -107,39 +109,43 @@ def llama_files(cache: Path, formats, model: str = MODEL) -> dict[str, Path]:
     return files
 
 
-def llama_decode(path: Path, threads: int, tokens: int, repeats: int, prefill: int) -> dict:
-    import numpy as np
-    from llama_cpp import Llama
+class LlamaSide:
+    """llama.cpp on one GGUF file: ``decode()`` times ``tokens`` greedy tokens after the prompt (seconds per
+    token and the tokens), ``prefill()`` one call over ``prefill`` prompt tokens (seconds)."""
 
-    llm = Llama(str(path), n_ctx=max(1024, prefill + 16), n_threads=threads, n_threads_batch=threads,
-                n_batch=max(512, prefill), verbose=False)  # fmt: skip
-    prompt = llm.tokenize(PROMPT.encode(), add_bos=False, special=False)
-    vocab = llm.n_vocab()
+    def __init__(self, path: Path, threads: int, tokens: int, prefill: int) -> None:
+        from llama_cpp import Llama
 
-    def greedy() -> int:  # the last evaluated token's logits (the binding keeps no copy without logits_all)
-        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))))
+        self.llm = Llama(str(path), n_ctx=max(1024, prefill + 16), n_threads=threads, n_threads_batch=threads,
+                         n_batch=max(512, prefill), verbose=False)  # fmt: skip
+        self.prompt = self.llm.tokenize(PROMPT.encode(), add_bos=False, special=False)
+        self.tokens, self.n_prefill = tokens, prefill
 
-    per_token = []
-    out: list[int] = []
-    for _ in range(repeats):
+    def _greedy(self) -> int:  # the last evaluated token's logits (the binding keeps no copy without logits_all)
+        import numpy as np
+
+        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))
+        return int(np.argmax(logits))
+
+    def decode(self) -> tuple[float, list[int]]:
+        llm = self.llm
         llm.reset()
-        llm.eval(prompt)
-        tok = greedy()
+        llm.eval(self.prompt)
+        tok = self._greedy()
         out = [tok]
         t0 = time.perf_counter()
-        for _ in range(tokens):
+        for _ in range(self.tokens):
             llm.eval([tok])
-            tok = greedy()
+            tok = self._greedy()
             out.append(tok)
-        per_token.append((time.perf_counter() - t0) / tokens)
-    long = (prompt * (prefill // len(prompt) + 1))[:prefill]
-    pre = []
-    for _ in range(repeats):
-        llm.reset()
+        return (time.perf_counter() - t0) / self.tokens, out
+
+    def prefill(self) -> float:
+        long = (self.prompt * (self.n_prefill // len(self.prompt) + 1))[: self.n_prefill]
+        self.llm.reset()
         t0 = time.perf_counter()
-        llm.eval(long)
-        pre.append(time.perf_counter() - t0)
-    return dict(tpot_s=statistics.median(per_token), prefill_s=statistics.median(pre), tokens=out)
+        self.llm.eval(long)
+        return time.perf_counter() - t0
 
 
 # ----------------------------------------------------------------------------- course engine side
@@ -190,28 +196,63 @@ def _kernel(layer) -> str:
     }.get(layer.path, layer.path)
 
 
-def engine_decode(eng, tokens: int, repeats: int, prefill: int) -> dict:
-    from course_lib.engine.sampling import SamplingParams
+class EngineSide:
+    """The course engine, timed as ``LlamaSide``: ``decode()`` through ``engine.step()`` (a user's TPOT),
+    ``prefill()`` one step over the whole prompt."""
 
-    prompt = eng.tokenizer.encode(PROMPT, add_special_tokens=False)
-    per_token, out = [], []
-    for _ in range(repeats):
-        eng.add_request(prompt, SamplingParams(max_new_tokens=tokens + 1, ignore_eos=True))
+    def __init__(self, eng, tokens: int, prefill: int) -> None:
+        self.eng, self.tokens, self.n_prefill = eng, tokens, prefill
+        self.prompt = eng.tokenizer.encode(PROMPT, add_special_tokens=False)
+
+    def decode(self) -> tuple[float, list[int]]:
+        from course_lib.engine.sampling import SamplingParams
+
+        eng = self.eng
+        eng.add_request(self.prompt, SamplingParams(max_new_tokens=self.tokens + 1, ignore_eos=True))
         out = [ev.token_id for ev in eng.step()]  # the prefill and the first token
         t0 = time.perf_counter()
         while eng.has_unfinished():
             out += [ev.token_id for ev in eng.step()]
-        per_token.append((time.perf_counter() - t0) / tokens)
-    long = (prompt * (prefill // len(prompt) + 1))[:prefill]
-    pre = []
-    for _ in range(repeats):
+        return (time.perf_counter() - t0) / self.tokens, out
+
+    def prefill(self) -> float:
+        from course_lib.engine.sampling import SamplingParams
+
+        eng = self.eng
+        long = (self.prompt * (self.n_prefill // len(self.prompt) + 1))[: self.n_prefill]
         eng.add_request(long, SamplingParams(max_new_tokens=1))
         t0 = time.perf_counter()
         eng.step()
-        pre.append(time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
         while eng.has_unfinished():
             eng.step()
-    return dict(tpot_s=statistics.median(per_token), prefill_s=statistics.median(pre), tokens=out)
+        return seconds
+
+
+def paired_rounds(ours, theirs, repeats: int) -> dict:
+    """``repeats`` rounds, each timing the engine and then llama.cpp back to back, so both sides of a ratio
+    see the same minute of a machine whose speed drifts (a shared VM's can move 1.2-1.7× within minutes).
+    The ratio reported is the median of the per-round ratios; the tok/s the medians of each side."""
+    rounds = []
+    for _ in range(repeats):
+        e_tpot, e_tokens = ours.decode()
+        l_tpot, l_tokens = theirs.decode()
+        e_pre, l_pre = ours.prefill(), theirs.prefill()
+        rounds.append(dict(engine_tpot_s=e_tpot, llama_tpot_s=l_tpot, engine_prefill_s=e_pre, llama_prefill_s=l_pre))
+    med = lambda key: statistics.median(r[key] for r in rounds)  # noqa: E731
+    ratios = [r["llama_tpot_s"] / r["engine_tpot_s"] for r in rounds]
+    return dict(
+        rounds=rounds,
+        engine_tpot_s=med("engine_tpot_s"),
+        llama_tpot_s=med("llama_tpot_s"),
+        ratio=statistics.median(ratios),
+        ratio_range=[min(ratios), max(ratios)],
+        prefill_ratio=statistics.median(r["llama_prefill_s"] / r["engine_prefill_s"] for r in rounds),
+        engine_prefill_s=med("engine_prefill_s"),
+        llama_prefill_s=med("llama_prefill_s"),
+        engine_tokens=e_tokens,
+        llama_tokens=l_tokens,
+    )
 
 
 def main(argv=None) -> int:
@@ -243,27 +284,32 @@ def main(argv=None) -> int:
         path += f", decode={args.decode}"
         if args.decode != "eager":  # compile (or warm) the decode step before anything is timed
             eng.generate([PROMPT], SamplingParams(max_new_tokens=4, ignore_eos=True))
-        ours = engine_decode(eng, args.tokens, args.repeats, args.prefill)
-        del eng
+        ours, theirs = EngineSide(eng, args.tokens, args.prefill), None
+        ours.decode()  # warm: the first step packs or builds the kernels' layouts
+        theirs = LlamaSide(files[fmt], args.threads, args.tokens, args.prefill)
+        theirs.decode()
+        got = paired_rounds(ours, theirs, args.repeats)
+        del eng, ours, theirs
         gc.collect()
-        theirs = llama_decode(files[fmt], args.threads, args.tokens, args.repeats, args.prefill)
-        same = sum(a == b for a, b in zip(ours["tokens"], theirs["tokens"]))
+        same = sum(a == b for a, b in zip(got["engine_tokens"], got["llama_tokens"]))
         rows.append(dict(format=fmt, engine_path=path, llama_file=files[fmt].name,
-                         engine_tok_s=1 / ours["tpot_s"], llama_tok_s=1 / theirs["tpot_s"],
-                         ratio=theirs["tpot_s"] / ours["tpot_s"],
+                         engine_tok_s=1 / got["engine_tpot_s"], llama_tok_s=1 / got["llama_tpot_s"],
+                         ratio=got["ratio"], ratio_range=got["ratio_range"],
                          goal=GOALS[fmt] if args.model == MODEL else TINY_GOAL,
-                         engine_prefill_tok_s=args.prefill / ours["prefill_s"],
-                         llama_prefill_tok_s=args.prefill / theirs["prefill_s"],
-                         prefill_ratio=theirs["prefill_s"] / ours["prefill_s"],
-                         greedy_tokens_equal=f"{same}/{len(ours['tokens'])}"))  # fmt: skip
-    print(f"\n{args.model}, batch 1, {args.threads} threads, {args.tokens} greedy tokens, median of {args.repeats}")
+                         engine_prefill_tok_s=args.prefill / got["engine_prefill_s"],
+                         llama_prefill_tok_s=args.prefill / got["llama_prefill_s"],
+                         prefill_ratio=got["prefill_ratio"], rounds=got["rounds"],
+                         greedy_tokens_equal=f"{same}/{len(got['engine_tokens'])}"))  # fmt: skip
+    print(f"\n{args.model}, batch 1, {args.threads} threads, {args.tokens} greedy tokens, {args.repeats} paired rounds")
     print(
-        f"{'format':<6} {'engine tok/s':>12} {'llama.cpp':>10} {'ratio':>6} {'goal':>5}  {'prefill ratio':>13}  same tokens"
+        f"{'format':<8} {'engine tok/s':>12} {'llama.cpp':>10} {'ratio':>6} {'(rounds)':>12} {'goal':>5}  "
+        f"{'prefill ratio':>13}  same tokens"
     )
     for r in rows:
         verdict = "✅" if r["ratio"] >= r["goal"] else "✗"
-        print(f"{r['format']:<6} {r['engine_tok_s']:>12.1f} {r['llama_tok_s']:>10.1f} {r['ratio']:>5.2f}× "
-              f"{r['goal']:>4}× {verdict} {r['prefill_ratio']:>12.2f}×  {r['greedy_tokens_equal']}")  # fmt: skip
+        lo, hi = r["ratio_range"]
+        print(f"{r['format']:<8} {r['engine_tok_s']:>12.1f} {r['llama_tok_s']:>10.1f} {r['ratio']:>5.2f}× "
+              f"{lo:>5.2f}-{hi:.2f}× {r['goal']:>4}× {verdict} {r['prefill_ratio']:>12.2f}×  {r['greedy_tokens_equal']}")  # fmt: skip
     if args.json:
         meta = dict(model=args.model, machine=detect_device().describe(), threads=args.threads, torch=torch.__version__,
                     load_average_before=load_before, load_average_after=os.getloadavg()[0],

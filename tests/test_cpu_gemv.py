@@ -103,3 +103,26 @@ def test_turned_off_by_environment(tmp_path):
         [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env={**os.environ, **env}
     )
     assert r.stdout.startswith("False turned off by COURSE_CPU_GEMV=0"), r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("m,d", [(1, 1), (1, 7), (2, 64), (3, 100), (4, 576)])
+def test_rms_norm_matches_torch(m, d):
+    g = torch.Generator().manual_seed(m * d)
+    x, w = torch.randn(m, d, generator=g) * 3, torch.randn(d, generator=g)
+    torch.testing.assert_close(cpu_gemv.rms_norm(x, w, 1e-5), F.rms_norm(x, (d,), w, 1e-5), rtol=2e-6, atol=2e-6)
+    with pytest.raises(ValueError, match="eps must be a number"):
+        cpu_gemv.rms_norm(x, w, -1.0)
+
+
+def test_engine_rms_norm_routes_only_what_the_kernel_may_take():
+    from course_lib.engine.model import rms_norm
+
+    x, w = torch.randn(2, 64), torch.randn(64)
+    ref = F.rms_norm(x, (64,), w, 1e-6)
+    torch.testing.assert_close(rms_norm(x, w, 1e-6), ref, rtol=2e-6, atol=2e-6)
+    wg = w.clone().requires_grad_()
+    y = rms_norm(x, wg, 1e-6)  # a weight being trained: torch's op, so the gradient flows
+    y.sum().backward()
+    assert wg.grad is not None
+    big = torch.randn(9, 64)  # a prefill's rows: torch's op
+    torch.testing.assert_close(rms_norm(big, w, 1e-6), F.rms_norm(big, (64,), w, 1e-6))
