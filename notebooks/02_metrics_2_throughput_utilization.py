@@ -366,11 +366,16 @@ not_the_goal = utilization_checks.low_mfu_can_be_optimal(
 # those products read their weights, so the course's performance ledger (`benchmarks/ledger.py`) sets a goal for them alone: the
 # decode-shaped products (1-4 rows) of the fp32, int8 and int4 layers read their weight at ≥ 75% of
 # STREAM, on a matrix far bigger than the cache. The cell times one square weight in each format, on
-# the kernel the engine uses for it (fp32 `F.linear` and oneDNN-packed; int8 per channel
-# `aten._weight_int8pack_mm`; int4 asymmetric in groups of 32, llama.cpp's Q4_1, through
-# `aten._weight_int4pack_mm_for_cpu`), cycling through copies until each pass reads 4× the LLC, so
-# no format is served from the cache. It divides by a STREAM triad timed just before, with the same
-# threads and under the same load, and prints the roof the MBU above divides by beside it.
+# every kernel the engine can use for it: fp32 through `F.linear` (MKL), oneDNN's packed kernel, and the
+# course's own GEMV (`kernels.cpu_gemv`: a C file built on first use with the machine's compiler,
+# `-march=native`, each weight streamed once over all threads with the activations in fp32); int8 per
+# channel and int4 asymmetric in groups of 32 (llama.cpp's Q4_1 layout) on the course's GEMV (what the
+# engine picks where it is built) and on torch's packed kernels (`aten._weight_int8pack_mm`,
+# `aten._weight_int4pack_mm_for_cpu`: the `bf16` rows, which round the activations to bf16). Each cycles
+# through copies until a pass reads 4× the LLC, so no format is served from the cache. It divides by a
+# STREAM triad timed just before, with the same threads and under the same load, and prints the roof the
+# MBU above divides by beside it. (Where no C compiler is found, the course's rows are left out and the
+# engine keeps to torch's kernels.)
 #
 # *Your prediction first:* what fraction of STREAM does the fp32 product reach at one row, and does
 # int4 come closer to the roof or farther? int4 reads 6.4× fewer bytes than fp32, but every nibble must
@@ -399,7 +404,7 @@ else:
     print(f"STREAM triad now, same threads: {stream_now:.1f} GB/s (the roof of section 1: {BW / 1e9:.1f} GB/s)")
     print(gemv_roof.table(roof))
     errs = gemv_roof.bf16_activation_error()
-    print("activations rounded (bf16: int8, int4; 8 bits: int8-dyn), max error / max |y| vs fp32 ones: ", end="")
+    print("max error / max |y| against fp32 activations on the same weights: ", end="")
     print(", ".join(f"{k} {v:.1e}" for k, v in errs.items()))
     gemv_verdicts = gemv_roof.roof_verdicts(roof)
     best = gemv_roof.best_by_format(roof)
@@ -438,13 +443,18 @@ plt.show()
 # say how far each kernel is from that on this machine, and the recorded rows say the same of the whole
 # engine against a peer on identical weights. Read the two together: an engine streams no faster than
 # its large products, so a format whose GEMV misses the goal caps that format's decode too, and
-# llama.cpp's bars show what hand-written kernels reach on the same memory bus. The int8 and int4
-# kernels take bf16 activations to be fast (given fp32 activations they leave their vectorized path);
-# the printed error is what that rounding costs, to set beside the weights' own int8/int4 rounding.
+# llama.cpp's bars show what hand-written kernels reach on the same memory bus. torch's int8 and int4
+# kernels take bf16 activations to be fast (given fp32 activations they leave their vectorized path); the
+# course's kernels keep them in fp32 and widen each weight to fp32 in registers instead, which costs
+# instructions: on a CPU without wide integer dot products (AVX2) the int8 and int4 products can run out
+# of arithmetic before they run out of bandwidth, so compare their GB/s with the fp32 row's. The printed
+# error is what each way costs against the fp32 reference, to set beside the weights' own int8/int4
+# rounding (the course's int4 keeps its scales in fp16, as Q4_1 does).
 # The `int8-dyn` row goes one step further, as llama.cpp's own Q8_0 and Q4_1 kernels do (they round
 # each activation block to 8 bits before integer dot products): fbgemm's dynamic int8 linear
 # (`WeightOnlyLinear(..., path="dynamic")`, opt-in) multiplies integers on the same int8 bytes; compare
-# its GB/s and its printed error with the `int8` row's.
+# its GB/s and its printed error with the `int8` row's. (Without VNNI it rounds to 7 bits: its 16-bit
+# pair sums would saturate at 8, `compression.linear.dynamic_reduce_range`.)
 # On a shared machine this run's GB/s fall with the load (printed beside them); the recorded rows
 # carry their own load average.
 

@@ -356,7 +356,7 @@ dec = decode_formats.decode_speeds(
 )
 print(decode_formats.table(dec, peaks.bandwidth))
 d = {r.name: r for r in dec}
-fp32_row, bf16_row, int8_row = d["fp32 oneDNN packed"], d["bf16 oneDNN packed"], d["int8 per-channel"]
+fp32_row, bf16_row, int8_row = d[decode_formats.FP32], d[decode_formats.BF16], d["int8 per-channel"]
 int4_row, int4_fp32head = d["int4 Q4_1, int8 head"], d["int4 Q4_1, fp32 head"]
 print(
     f"smallest step: {int4_row.bytes / 1e6:.0f} MB = {int4_row.bytes / llc:.1f}x the LLC: every format streams from DRAM"

@@ -25,6 +25,8 @@ def test_packed_linear_matches_f_linear(rows):
     x = torch.randn(2, rows, 64, generator=g)
     torch.testing.assert_close(PackedLinear(w, b)(x), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
     wb = w.bfloat16()
+    if not PackedLinear.available(wb):
+        pytest.skip("oneDNN does not pack bf16 on this CPU (it needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT)")
     got = PackedLinear(wb)(x.bfloat16())
     torch.testing.assert_close(got.float(), F.linear(x.bfloat16(), wb).float(), atol=0.1, rtol=0.02)
     assert PackedLinear(w).out_features == 96 and PackedLinear(w).nbytes == 96 * 64 * 4
@@ -54,13 +56,17 @@ def test_step_bytes_counts_what_the_kernels_read(target):
     body, head = df.step_bytes(eng)
     assert body + head == linear_bytes(eng)  # float: the weights themselves
     quantize_engine(eng, G32)
-    cpu = [lin for _, lin in eng.model.linears() if lin.path == "cpu"]
-    assert cpu, "the packed CPU int4 kernel should take g32"
-    for lin in cpu:  # nibbles + bf16 scale and zero per 32 weights: Q4_1's 20 bytes per 32
+    fast = [lin for _, lin in eng.model.linears() if lin.path in ("cpu", "gemv")]
+    assert fast, "a CPU int4 kernel (the course's GEMV or torch's packed one) should take g32"
+    for lin in fast:  # nibbles + a 16-bit scale and zero per 32 weights: Q4_1's 20 bytes per 32
         n, k = lin.qw.shape
         assert df.layer_bytes(lin) / (n * k) == pytest.approx(20 / 32)
-    int8 = WeightOnlyLinear(quantize(torch.randn(64, 32), df.INT8))
-    assert df.layer_bytes(int8) == 64 * 32 + 64 * 2
+    for path, scale_bytes in (("cpu", 2), ("gemv", 4)):  # a bf16 scale per row, or an fp32 one
+        try:
+            int8 = WeightOnlyLinear(quantize(torch.randn(64, 32), df.INT8), path=path)
+        except ValueError:  # that kernel is not available here
+            continue
+        assert df.layer_bytes(int8) == 64 * 32 + 64 * scale_bytes
 
 
 @pytest.mark.parametrize("config", [df.INT8, G32, QuantConfig(4, False, "channel")])
@@ -78,27 +84,27 @@ def test_decode_speeds_refuses_bad_input_before_any_work():
     with pytest.raises(ValueError, match="formats"):
         df.decode_speeds(["fp16"])
     with pytest.raises(ValueError, match="steps"):
-        df.decode_speeds(["fp32 oneDNN packed"], steps=1)
+        df.decode_speeds(["fp32"], steps=1)
     with pytest.raises(ValueError, match="baseline"):
         df.decode_speeds(["int8 per-channel"])
     with pytest.raises(ValueError, match="without repeats"):
-        df.decode_speeds(["fp32 oneDNN packed", "fp32 oneDNN packed"])
+        df.decode_speeds(["fp32", "fp32"])
 
 
 def test_table_ratios_are_paired_per_repeat():
     rows = [
-        df.DecodeRow("fp32 oneDNN packed", "p", 400, 100, 0.04, (0.04, 0.08)),
-        df.DecodeRow("bf16 oneDNN packed", "p", 200, 50, 0.02, (0.02, 0.03), (0.04, 0.06)),  # its own group
+        df.DecodeRow("fp32", "p", 400, 100, 0.04, (0.04, 0.08)),
+        df.DecodeRow("bf16", "p", 200, 50, 0.02, (0.02, 0.03), (0.04, 0.06)),  # its own group
         df.DecodeRow("int4 Q4_1, int8 head", "p", 70, 30, 0.01, (0.01, 0.02), (0.04, 0.08)),
     ]
     text = df.table(rows)
     assert "0.200" in text and "4.00x" in text and "2.00x" in text  # bytes 100/500; 4x fp32, 2x bf16
     # a slow second repeat slowed every format alike: the paired ratio has no spread
-    assert df.speedup(rows, "fp32 oneDNN packed", "int4 Q4_1, int8 head") == pytest.approx((4.0, 0.0))
+    assert df.speedup(rows, "fp32", "int4 Q4_1, int8 head") == pytest.approx((4.0, 0.0))
     assert rows[0].spread == pytest.approx(1 / 3)  # while each row's own time spread ±33%
-    assert df.speedup(rows, "bf16 oneDNN packed", "int4 Q4_1, int8 head")[0] == pytest.approx(2.0)
+    assert df.speedup(rows, "bf16", "int4 Q4_1, int8 head")[0] == pytest.approx(2.0)
     with pytest.raises(ValueError, match="no row named"):
-        df.speedup(rows, "fp32 oneDNN packed", "int8 per-channel")
+        df.speedup(rows, "fp32", "int8 per-channel")
 
 
 def test_int8_from_packed_fp32_is_int8_of_the_plain_weight():
@@ -112,8 +118,9 @@ def test_bf16_from_packed_fp32_is_the_bf16_weight():
     w = torch.randn(48, 32, generator=torch.Generator().manual_seed(3))
     got = df.bf16_from({"a": PackedLinear(w), "b": Linear(w)})
     x = torch.randn(2, 32)
+    want = F.linear(x.bfloat16(), w.bfloat16()).float()  # the bf16 weight, whichever kernel runs it
     for lin in got.values():
-        torch.testing.assert_close(lin(x), PackedLinear(w.bfloat16())(x))
+        torch.testing.assert_close(lin(x), want, atol=0.05, rtol=0.02)
 
 
 def test_step_times_times_engine_steps_and_leaves_it_idle(target):

@@ -3,13 +3,15 @@
 A decode step of SmolLM2-135M reads every linear weight once: 538 MB in fp32, ~17× the 32 MB LLC of the
 course's CPU, so the bytes come from DRAM and the step is bandwidth-bound: its time should follow the
 bytes. Each format runs at its best CPU path, said in its row:
-- fp32 and bf16: oneDNN's blocked ("packed") layout (``engine.layers.PackedLinear``; ``SkinnyLinear`` packs
-  a second copy beside the plain one, this one *replaces* it, so the model is held once), and bf16 also
-  through plain ``F.linear`` (torch's default bf16 path) to show what packing buys;
-- int8: round to nearest per channel from the dequantized Q4_1 (``aten._weight_int8pack_mm``);
+- fp32: the course's GEMV (``kernels.cpu_gemv`` through ``SkinnyLinear``, on the plain weights, the LM
+  head on the tied embedding itself) where a C compiler built it, else oneDNN's blocked ("packed") layout
+  (``engine.layers.PackedLinear``, which *replaces* the plain weights, so the model is held once);
+- bf16: oneDNN's packed bf16 kernel;
+- int8: round to nearest per channel from the dequantized Q4_1 (the course's GEMV, fp32 activations, else
+  ``aten._weight_int8pack_mm``);
 - int4: llama.cpp's Q4_1 blocks imported bit-exact, no second rounding
-  (``gguf_int4.quantize_engine_gguf``, ``aten._weight_int4pack_mm_for_cpu``), with the LM head in fp32 or
-  in int8 per channel. The LM head (49,152 × 576, tied to the embedding) is 21% of the parameters: in
+  (``gguf_int4.quantize_engine_gguf``; the course's GEMV, else ``aten._weight_int4pack_mm_for_cpu``),
+  with the LM head in fp32 or in int8 per channel. The LM head (49,152 × 576, tied to the embedding) is 21% of the parameters: in
   fp32 it is 113 MB, more than the whole int4 body, so it caps what int4 saves.
 The row ``NULL`` ("no weights (t0)") times the same step with every linear a zero-byte
 ``step_model.NullLinear``: the fixed part t₀ of Amdahl's model, measured in the same repeats.
@@ -25,15 +27,33 @@ import gc
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from course_lib.compression.linear import WeightOnlyLinear, layer_bytes  # layer_bytes: re-exported
 from course_lib.compression.quantize import QuantConfig
 from course_lib.compression.step_model import null_layers
 from course_lib.core.memory import trim_heap
-from course_lib.engine.layers import PackedLinear
+from course_lib.engine.layers import Linear, PackedLinear, SkinnyLinear
+from course_lib.kernels import cpu_gemv
+
+
+def kernel_name(layer) -> str:
+    """The kernel a layer's one-row products run on, for a row's path."""
+    if isinstance(layer, WeightOnlyLinear):
+        return {
+            "gemv": "the course's GEMV (fp32 activations)",
+            "cpu": "aten._weight_int8pack_mm" if layer.qw.config.bits == 8 else "aten._weight_int4pack_mm_for_cpu",
+        }.get(layer.path, layer.path)
+    if isinstance(layer, SkinnyLinear) and layer.gemv_rows:
+        return "the course's GEMV (kernels.cpu_gemv)"
+    if isinstance(layer, PackedLinear):
+        return f"mkldnn._linear_pointwise{' bf16' if layer.weight.dtype == torch.bfloat16 else ''}"
+    return "F.linear"
+
 
 MODEL = "smollm2-135m-instruct"
-FP32 = "fp32 oneDNN packed"
+FP32 = "fp32"
+BF16 = "bf16"  # oneDNN's packed bf16 kernel where this CPU packs bf16, else F.linear on bf16 weights
 INT8 = QuantConfig(8, True, "channel")
 #: every format ``decode_speeds`` knows, in three interleaved groups that share the fp32 baseline: all
 #: formats of a group live in one fp32 engine and each repeat times every one of them in turn, so a slow
@@ -44,9 +64,9 @@ INT8 = QuantConfig(8, True, "channel")
 #: embedding itself, so the 113 MB matrix is held once.
 NULL = "no weights (t0)"  # every linear a zero-byte NullLinear: the step's fixed part, measured (step_model)
 GROUPS = (
-    ("fp32 oneDNN packed", NULL, "int4 Q4_1, fp32 head", "int4 Q4_1, int8 head"),
-    ("fp32 oneDNN packed", "int8 per-channel"),
-    ("fp32 oneDNN packed", "bf16 oneDNN packed"),
+    (FP32, NULL, "int4 Q4_1, fp32 head", "int4 Q4_1, int8 head"),
+    (FP32, "int8 per-channel"),
+    (FP32, BF16),
 )
 FORMATS = tuple(dict.fromkeys(f for g in GROUPS for f in g))
 
@@ -174,8 +194,6 @@ def build_formats(eng, formats, int4_qweights=None) -> dict[str, tuple[str, dict
     weight as it packs it), and from ``int4_qweights`` (``gguf_int4.engine_qweights``: read before the
     model is loaded, when the file's temporaries have the most room). The int4 rows share their LM head
     with the fp32 row, whose head is ``F.linear`` on the tied embedding, so no head is held twice."""
-    from course_lib.engine.layers import Linear
-
     plain = dict(eng.model.linears())
     out: dict[str, tuple[str, dict]] = {}
     if NULL in formats:
@@ -189,22 +207,25 @@ def build_formats(eng, formats, int4_qweights=None) -> dict[str, tuple[str, dict
             int4_qweights = engine_qweights(gguf_file(MODEL))
         body4 = {n: WeightOnlyLinear(qw, plain[n].bias) for n, qw in int4_qweights.items()}
         trim_heap()
+    k4 = kernel_name(next(iter(body4.values()))) if body4 else ""
     if "int4 Q4_1, int8 head" in formats:
         head8 = WeightOnlyLinear(quantize_chunked(plain["lm_head"].weight, INT8))
-        out["int4 Q4_1, int8 head"] = ("aten._weight_int4pack_mm_for_cpu, head int8", {**body4, "lm_head": head8})
-    head = Linear(plain["lm_head"].weight)  # the tied embedding itself: F.linear, no copy
+        out["int4 Q4_1, int8 head"] = (f"{k4}, head int8", {**body4, "lm_head": head8})
+    gemv = cpu_gemv.available()
+    # the tied embedding itself, no copy: the course's GEMV where it is built, else F.linear
+    head = SkinnyLinear(plain["lm_head"].weight) if gemv else Linear(plain["lm_head"].weight)
     if FP32 in formats:
-        del plain  # the engine's own references are the last ones: packing frees each plain weight
-        pack_float_engine(eng, skip=("lm_head",))
-        fp32 = dict(eng.model.linears())
+        if gemv:  # the plain weights the engine already holds, on the course's GEMV
+            fp32 = {n: SkinnyLinear(lin.weight, lin.bias) for n, lin in plain.items() if n != "lm_head"}
+        else:
+            del plain  # the engine's own references are the last ones: packing frees each plain weight
+            pack_float_engine(eng, skip=("lm_head",))
+            fp32 = dict(eng.model.linears())
         fp32["lm_head"] = head
-        out[FP32] = ("mkldnn._linear_pointwise, head F.linear", fp32)
+        out[FP32] = (f"{kernel_name(fp32['layers.0.qkv'])}, head {kernel_name(head)}", fp32)
         trim_heap()
     if "int4 Q4_1, fp32 head" in formats:
-        out["int4 Q4_1, fp32 head"] = (
-            "aten._weight_int4pack_mm_for_cpu, head fp32 F.linear",
-            {**body4, "lm_head": head},
-        )
+        out["int4 Q4_1, fp32 head"] = (f"{k4}, head fp32 {kernel_name(head)}", {**body4, "lm_head": head})
     return {f: out[f] for f in formats if f in out}
 
 
@@ -223,13 +244,31 @@ def int8_from(fp32_layers: dict) -> dict:
     return out
 
 
+class Bf16Linear(Linear):
+    """bf16 weights through ``F.linear``, the input cast to bf16 and the output back (as ``PackedLinear``
+    does): torch's default bf16 path, where oneDNN cannot pack bf16 on this CPU."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = None if self.bias is None else self.bias.to(torch.bfloat16)
+        return F.linear(x.to(torch.bfloat16), self.weight, b).to(x.dtype)
+
+
+def bf16_path() -> str:
+    """What the bf16 row runs on this CPU."""
+    if PackedLinear.available(torch.zeros(1, 1, dtype=torch.bfloat16)):
+        return "mkldnn._linear_pointwise bf16 (bf16 weights)"
+    return "F.linear bf16 (oneDNN packs bf16 only with AVX-512 BW/VL/DQ or AVX-NE-CONVERT)"
+
+
 def bf16_from(fp32_layers: dict) -> dict:
-    """bf16 ``PackedLinear`` copies of fp32 layers (``PackedLinear.unpacked()`` gives the plain weight back
-    bit for bit; a plain ``Linear`` gives its own), one fp32 temporary at a time."""
+    """bf16 copies of fp32 layers: ``PackedLinear`` where oneDNN packs bf16 here, else ``Bf16Linear``
+    (``PackedLinear.unpacked()`` gives the plain weight back bit for bit; a plain ``Linear`` gives its own),
+    one fp32 temporary at a time."""
+    packed = PackedLinear.available(torch.zeros(1, 1, dtype=torch.bfloat16))
     out = {}
     for n, lin in fp32_layers.items():
-        w = _plain_weight(lin)
-        out[n] = PackedLinear(w.to(torch.bfloat16), lin.bias)
+        w = _plain_weight(lin).to(torch.bfloat16)
+        out[n] = PackedLinear(w, lin.bias) if packed else Bf16Linear(w, lin.bias)
         del w
     return out
 
@@ -328,8 +367,11 @@ def decode_speeds(
     run(eng, built)
     fp32 = built[FP32]
     makers = {
-        "int8 per-channel": ("aten._weight_int8pack_mm, head int8", int8_from),
-        "bf16 oneDNN packed": ("mkldnn._linear_pointwise bf16 (bf16 weights)", bf16_from),
+        "int8 per-channel": (
+            f"{kernel_name(WeightOnlyLinear(quantize_chunked(torch.zeros(16, 64), INT8)))}, head int8",
+            int8_from,
+        ),
+        BF16: (bf16_path(), bf16_from),
     }
     for group in GROUPS[1:]:
         (fmt,) = [f for f in group if f != FP32]
@@ -351,7 +393,7 @@ def table(rows: list[DecodeRow], bandwidth: float | None = None) -> str:
     run-to-run spread, tok/s, speed-up over fp32 and over bf16 (paired per repeat, ``speedup``), and the
     GB/s the step streamed."""
     names = {r.name for r in rows}
-    fp32, bf16 = FP32, "bf16 oneDNN packed"
+    fp32, bf16 = FP32, BF16
     by = {r.name: r for r in rows}
     head = f"{'format':<22}{'layers MB':>10}{'head MB':>8}{'bytes/fp32':>11}{'ms/step':>8}{'spread':>8}{'tok/s':>7}"
     head += f"{'vs fp32':>8}{'vs bf16':>8}{'GB/s':>6}  path"

@@ -142,6 +142,21 @@ class SkinnyLinear(Linear):
         return F.linear(x, self.weight, self.bias)
 
 
+_BF16_PACKING: list = []
+
+
+def bf16_packing_supported() -> bool:
+    """Whether oneDNN packs bf16 weights on this CPU: it needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT (an AVX2-only
+    CPU, e.g. a Zen 3 VM, refuses: "bf16 path needs the cpu support ..."). Tried once on a tiny weight."""
+    if not _BF16_PACKING:
+        try:
+            _pack(torch.zeros(16, 16, dtype=torch.bfloat16), 1)
+            _BF16_PACKING.append(True)
+        except (RuntimeError, AttributeError):
+            _BF16_PACKING.append(False)
+    return _BF16_PACKING[0]
+
+
 def _pack(weight: torch.Tensor, rows_hint: int) -> torch.Tensor:
     """oneDNN's blocked copy of ``weight`` (out, in), tuned for ``rows_hint`` rows (a private torch op)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint)
@@ -173,6 +188,7 @@ class PackedLinear(Linear):
             weight.device.type == "cpu"
             and weight.dtype in (torch.float32, torch.bfloat16)
             and torch.backends.mkldnn.is_available()
+            and (weight.dtype != torch.bfloat16 or bf16_packing_supported())
         )
 
     @classmethod
