@@ -4,10 +4,11 @@
 
 Issue 21's goal: each format's decode-shaped product reads its weight at >= 75% of the STREAM triad
 bandwidth, on a matrix far bigger than the LLC. Per thread count: a STREAM triad (best of the repeats,
-``measure.microbench``), then ``compression.gemv_roof.gemv_roof`` (fp32 ``F.linear`` and oneDNN packed,
-int8 per channel ``aten._weight_int8pack_mm``, int4 g32 ``aten._weight_int4pack_mm_for_cpu``), each
-cycling through copies of its weight until it reads ``--working-set`` MiB. Also prints what the int8/int4
-kernels' bf16 rounding of activations costs in error. Writes JSON (machine, load average, command) that
+``measure.microbench``), then ``compression.gemv_roof.gemv_roof`` (fp32 ``F.linear``, oneDNN packed and the
+course's GEMV ``kernels.cpu_gemv``; int8 per channel and int4 g32 on the course's GEMV and on torch's bf16
+kernels ``aten._weight_int8pack_mm`` / ``aten._weight_int4pack_mm_for_cpu``; fbgemm's int8-dyn), each
+cycling through copies of its weight until it reads ``--working-set`` MiB. Also prints what each kernel's
+handling of the activations costs in error against fp32 activations. Writes JSON (machine, load average, command) that
 ``benchmarks/ledger.py`` reads. Not a test: timings are noisy on a shared machine.
 """
 
@@ -61,7 +62,7 @@ def main(argv=None) -> None:
                      fraction=r.fraction, spread=r.spread)
             )  # fmt: skip
     errs = bf16_activation_error()
-    print("\nbf16 rounding of the activations (int8/int4 CPU kernels), max error / max |y| vs fp32 activations:")
+    print("\nmax error / max |y| against fp32 activations on the same weights:")
     print(", ".join(f"{k} {v:.1e}" for k, v in errs.items()))
     if a.json:
         cmd = "python benchmarks/gemv_roof.py " + " ".join(sys.argv[1:] if argv is None else argv)

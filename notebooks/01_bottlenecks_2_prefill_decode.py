@@ -285,8 +285,10 @@ if dips:
 #
 # *Claim.* Section 4 timed decode through `transformers`' plain forward. A serving engine does better:
 # the course's `Engine` with `linear="packed"` sends every fp32 matmul on a CPU to oneDNN, on a weight
-# packed once into oneDNN's blocked layout (`engine.layers.PackedLinear`): its fastest CPU path, and the
-# packed copy is the only one (the default `linear="auto"` keeps the plain weights too, +0.5 GB here). On a model whose weights are far larger than the last-level cache, a batch-1
+# packed once into oneDNN's blocked layout (`engine.layers.PackedLinear`): one kernel for every batch of
+# the sweep below, and the packed copy is the only one (the default `linear="auto"` keeps the plain weights;
+# its 1-4-row products run the course's own GEMV, `kernels.cpu_gemv`, timed against this kernel in chapter
+# 02-2). On a model whose weights are far larger than the last-level cache, a batch-1
 # decode step then has to stream every weight from DRAM once, so its time per output token (TPOT)
 # should sit near bytes ÷ bandwidth. NVIDIA's *Mastering LLM Techniques: Inference Optimization*
 # names the ratio **model bandwidth utilisation**: MBU = (weights + KV cache a step reads) ÷ TPOT ÷

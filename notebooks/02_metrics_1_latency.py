@@ -579,8 +579,9 @@ tiny_overhead_bound = claim(
 
 # %% [markdown]
 # Where a step's growth with the batch goes. The linear seam routes by shape: `SkinnyLinear` (this engine's,
-# `linear="auto"` on a CPU in fp32) sends up to `max_packed_rows` rows to oneDNN's packed kernel and more
-# rows to `F.linear` (MKL). So from the last batch under that limit to the first above it, the matmuls change
+# `linear="auto"` on a CPU in fp32) sends 1-4 rows to the course's GEMV (`kernels.cpu_gemv`, where it is
+# built), up to `max_packed_rows` rows to oneDNN's packed kernel and more rows to `F.linear` (MKL). So from
+# the last batch under that limit to the first above it, the matmuls change
 # kernel. We split that growth into the matmuls and the rest, and time the larger batch's matmuls through
 # the packed kernel too (a copy of the weights packed for that many rows):
 
@@ -592,7 +593,11 @@ if rows_cap is not None and any(b > rows_cap for b in batches) and any(b <= rows
     bP, bQ = max(b for b in batches if b <= rows_cap), min(b for b in batches if b > rows_cap)
     mm_packed = latency_checks.time_packed_matmuls(engine, bQ, repeats=course_lib.pick(5, 10))
     mm_share, rest_share = latency_checks.growth_split(tpot[bP], tpot[bQ], mm[bP].median_s, mm[bQ].median_s)
-    print(f"{type(lin0).__name__}: oneDNN packed for 1..{rows_cap} rows, F.linear (MKL) above")
+    g = getattr(lin0, "gemv_rows", 0)
+    print(
+        f"{type(lin0).__name__}: {f'the course GEMV for 1..{g} rows, ' if g else ''}oneDNN packed up to {rows_cap} "
+        "rows, F.linear (MKL) above"
+    )
     print(
         f"batch {bP} -> {bQ}: TPOT {tpot[bP] * 1e3:.2f} -> {tpot[bQ] * 1e3:.2f} ms; matmuls "
         f"{mm[bP].median_s * 1e3:.2f} -> {mm[bQ].median_s * 1e3:.2f} ms ({mm_share:.0%} of the growth), the rest "
@@ -710,7 +715,7 @@ comp_fewer = step_levers.fewer_ops(next(r for r in same_run if r.model == comp.m
 # where the fused count barely moves that is why. The compiler is what changes the count, at a price of
 # its own: static shapes, so the keys are read up to the next multiple of 64 and masked, not to the exact
 # length; a layer's elementwise ops fold into a few C++ loops, and what
-# it still dispatches is mostly the products (oneDNN's, one opaque op each) and attention: the table's
+# it still dispatches is mostly the products (the course's GEMV or oneDNN's, one opaque op each) and attention: the table's
 # compiled row counts those. On a GPU, a CUDA graph removes the per-op launch from Python altogether,
 # which is why the GPU goal (tiny-target ≤ 0.5 ms per step on an H200) is set against
 # `decode="cudagraph"`; `benchmarks/gpu_check.sh` times it when a GPU is lent.

@@ -964,8 +964,9 @@ for r in rows:
 # %% [markdown]
 # Where does our step's time go? The engine reaches every projection through one seam, a `Linear`
 # object with a `forward(x)` (`course_lib/engine/layers.py`). On a CPU the default is `SkinnyLinear`:
-# decode-shaped products (1–16 rows) go to oneDNN with the weight packed once into its blocked layout,
-# everything else to `F.linear`, the reference it is tested against. Swap the seam and time the
+# decode-shaped products of 1–4 rows go to the course's GEMV (`kernels.cpu_gemv`, where a C compiler
+# built it), 5–16 rows to oneDNN with the weight packed once into its blocked layout, everything else to
+# `F.linear`, the reference it is tested against. Swap the seam and time the
 # weights alone, then one whole step:
 
 # %%

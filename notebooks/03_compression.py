@@ -232,8 +232,10 @@ else:
 my_int4_speedup = None  # e.g. 8.0
 
 # %% [markdown]
-# On a CPU the layer runs PyTorch's packed kernels (`aten._weight_int8pack_mm`,
-# `aten._weight_int4pack_mm_for_cpu`, the ones gpt-fast uses); on a GPU, the course's Triton kernels
+# On a CPU the layer runs the course's hand-written GEMV (`kernels.cpu_gemv`: the integers widened to fp32
+# in registers, the activations kept in fp32) where a C compiler built it, else PyTorch's packed kernels
+# (`aten._weight_int8pack_mm`, `aten._weight_int4pack_mm_for_cpu`, the ones gpt-fast uses, with bf16
+# activations; chapter 02-2 times both); on a GPU, the course's Triton kernels
 # (`course_lib/kernels/quant_matmul/`), which dequantize in registers. bf16 `F.linear` (half the bytes of
 # fp32) is where practice starts, so it is timed too.
 #
@@ -329,9 +331,10 @@ int4_over_int8 = verdicts.int4_follows_bytes_over_int8(
 # A decode step runs every linear layer, plus norms, attention and sampling, which quantization does not
 # touch. SmolLM2-135M's weights are many times the CPU's last-level cache in every format here (the
 # cell prints the ratio), so every step streams them from DRAM. Each format runs at its best path on this
-# CPU (`compression.decode_formats`): fp32 and bf16 weights through oneDNN's packed layout (bf16 runs
-# oneDNN's native bf16 kernel on a CPU with `avx512_bf16`); int8 per channel rounded from the dequantized
-# Q4_1; and **int4 here is llama.cpp's Q4_1 imported bit-exact, no second rounding**
+# CPU (`compression.decode_formats`, each row names its kernel): fp32 weights through the course's GEMV
+# (else oneDNN's packed layout); bf16 through oneDNN's packed bf16 kernel where this CPU packs bf16 (AVX-512
+# BW/VL/DQ or AVX-NE-CONVERT; its native bf16 arithmetic needs `avx512_bf16`), else `F.linear`; int8 per
+# channel rounded from the dequantized Q4_1; and **int4 here is llama.cpp's Q4_1 imported bit-exact, no second rounding**
 # (`compression.gguf_int4.quantize_engine_gguf`). The LM head (49,152 × 576, tied to the embedding) is 21%
 # of the parameters; in fp32 it is 113 MB, more than the whole int4 body, so int4 runs twice: with an fp32
 # head and with an int8 head. Every format is timed the way chapter 01 times TPOT: `engine.step()` at batch
