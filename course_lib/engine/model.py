@@ -51,7 +51,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         and x.shape[0] <= cpu_gemv.MAX_ROWS
         and x.dtype == weight.dtype == torch.float32
         and x.device.type == "cpu"
-        and not (x.requires_grad or weight.requires_grad)
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
         and x.is_contiguous()
         and weight.is_contiguous()
         and cpu_gemv.available()
