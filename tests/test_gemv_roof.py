@@ -23,7 +23,7 @@ def test_rows_read_what_each_format_stores_and_cycle_copies():
 def test_clones_have_their_own_storage_and_give_the_same_answer():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(32, 64, generator=g)
-    x = torch.randn(2, 64, generator=g)
+    x = torch.randn(1, 64, generator=g)  # one row: a decode step's, on every format's own kernel
     for fmt in gr.available_formats():
         lay = gr._make(fmt, w)
         y = lay(x)

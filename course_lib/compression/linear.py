@@ -15,7 +15,8 @@ against the first:
   (``compression.gemv_roof`` times both) at the price of int8 activations (its error is measured there).
 - ``gemv`` (what ``auto`` picks on a CPU where ``kernels.cpu_gemv`` is built): the course's hand-written
   CPU kernels, int8 per channel or int4 in groups of 32·j inputs, with the activations kept in fp32 (no
-  bf16 rounding); 1..4 rows, more rows take the ``cpu`` path (or the reference where it does not apply).
+  bf16 rounding) at one row (``GEMV_ROWS``, measured); more rows take the ``cpu`` path where it applies,
+  else these kernels up to 4 rows, else the reference.
 - ``triton``: the course's kernels (``course_lib.kernels.quant_matmul``: ``int8``, ``int4``), which
   dequantize in registers on a GPU (and run, slowly, in the Triton interpreter for tests).
 A decode step reads the integers and scales instead of fp32 weights: ~4× fewer bytes for int8 and ~8×
@@ -37,6 +38,10 @@ from course_lib.engine.layers import Linear
 from course_lib.kernels import cpu_gemv
 
 PATHS = ("auto", "reference", "cpu", "gemv", "triton", "dynamic")
+# Rows the gemv path sends to the course's kernels when torch's packed kernel also takes the format: the
+# kernels widen every weight to fp32 once per row, so on a 2-core AVX2 VM (gemv_roof, 4096 x 4096) int8
+# read 9.7 GB/s at 1 row but 7.6 and 4.2 at 2 and 4, where torch's bf16 kernel read 10.3 and 6.2.
+GEMV_ROWS = 1
 CPU_INT4_GROUPS = (32, 64, 128, 256)
 
 
@@ -220,7 +225,7 @@ class WeightOnlyLinear(Linear):
                 torch.backends.quantized.engine = prev
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.path == "gemv" and x.dim() == 2 and x.shape[0] <= cpu_gemv.MAX_ROWS and x.dtype == torch.float32:
+        if self.path == "gemv" and x.dim() == 2 and x.shape[0] <= GEMV_ROWS and x.dtype == torch.float32:
             y = self._forward_gemv(x)  # a decode step's few rows: the shortest way to the kernel
             return y if self.bias is None else y.add_(self.bias)
         rows = x.numel() // max(x.shape[-1], 1)
@@ -229,10 +234,11 @@ class WeightOnlyLinear(Linear):
         lead, k = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, k)
         path = self.path
-        if path == "gemv" and rows > cpu_gemv.MAX_ROWS:  # a few rows more: a GEMM's kernel, or the reference
-            if not cpu_supports(self.qw):
+        if path == "gemv" and rows > GEMV_ROWS:  # more rows: torch's packed kernel, or ours up to MAX_ROWS
+            if cpu_supports(self.qw):
+                path = "cpu"
+            elif rows > cpu_gemv.MAX_ROWS:
                 return self.reference(x)
-            path = "cpu"
         if path == "gemv":
             y = self._forward_gemv(x2).to(x.dtype)
         elif path == "dynamic":
@@ -292,6 +298,8 @@ def timing_copy(layer):
             c._gemv = tuple(t.clone() for t in g)
         else:
             c._gemv = cpu_gemv.Int4Layout(g.packed.clone(), g.s.clone(), g.c.clone(), g.group_size)
+        if layer._prepared is not None:  # its rows beyond GEMV_ROWS ran torch's kernel: that layout too
+            c._prepared = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in layer._prepared)
     elif isinstance(layer, WeightOnlyLinear) and layer._prepared is not None:
         c._prepared = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in layer._prepared)
     elif isinstance(layer, PackedLinear):
