@@ -213,10 +213,13 @@ def build_formats(eng, formats, int4_qweights=None) -> dict[str, tuple[str, dict
         out["int4 Q4_1, int8 head"] = (f"{k4}, head int8", {**body4, "lm_head": head8})
     gemv = cpu_gemv.available()
     # the tied embedding itself, no copy: the course's GEMV where it is built, else F.linear
-    head = SkinnyLinear(plain["lm_head"].weight) if gemv else Linear(plain["lm_head"].weight)
+    head = SkinnyLinear(plain["lm_head"].weight, max_packed_rows=0) if gemv else Linear(plain["lm_head"].weight)
     if FP32 in formats:
         if gemv:  # the plain weights the engine already holds, on the course's GEMV
-            fp32 = {n: SkinnyLinear(lin.weight, lin.bias) for n, lin in plain.items() if n != "lm_head"}
+            # max_packed_rows=0: the prompt's rows run F.linear, never a second, packed copy of the weights
+            fp32 = {
+                n: SkinnyLinear(lin.weight, lin.bias, max_packed_rows=0) for n, lin in plain.items() if n != "lm_head"
+            }
         else:
             del plain  # the engine's own references are the last ones: packing frees each plain weight
             pack_float_engine(eng, skip=("lm_head",))

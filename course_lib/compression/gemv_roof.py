@@ -31,6 +31,7 @@ from course_lib.compression.linear import (
     timing_copy,
 )
 from course_lib.compression.quantize import QuantConfig, quantize
+from course_lib.core.memory import trim_heap
 from course_lib.engine.layers import Linear, PackedLinear, SkinnyLinear
 from course_lib.kernels import cpu_gemv
 from course_lib.measure.claims import claim, relative_spread
@@ -165,6 +166,7 @@ def gemv_roof(
     for fmt in formats:
         layer = _make(fmt, w)
         layer(torch.zeros(1, in_features))  # the CPU kernels pack on first use
+        layer(torch.zeros(max(rows), in_features))  # (a quantized layer's larger batches: torch's layout)
         nbytes = _nbytes(layer)
         layers = [layer] + [_clone(layer) for _ in range(max(1, -(-working_set // nbytes)) - 1)]
         for r in rows:
@@ -180,6 +182,7 @@ def gemv_roof(
             path = getattr(layer, "path", {"fp32 packed": "oneDNN packed", "fp32 gemv": "gemv"}.get(fmt, "F.linear"))
             out.append(RoofRow(fmt, path, r, nbytes, tuple(samples), len(layers), float(stream_gbps)))
         del layers, layer
+        trim_heap()  # the copies go back to the OS before the next format's come
     return out
 
 
