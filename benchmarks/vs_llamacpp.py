@@ -152,7 +152,7 @@ class LlamaSide:
 def engine_for(fmt: str, prefill: int, model: str = MODEL, decode: str = "eager", fp32_linear: str = "auto"):
     import torch
 
-    from course_lib.compression.decode_formats import INT8, quantize_chunked
+    from course_lib.compression.decode_formats import INT8, kernel_name, quantize_chunked
     from course_lib.compression.gguf_int4 import quantize_engine_gguf
     from course_lib.compression.linear import WeightOnlyLinear
     from course_lib.engine import Engine
@@ -181,19 +181,11 @@ def engine_for(fmt: str, prefill: int, model: str = MODEL, decode: str = "eager"
                 eng.model.set_linear(name, WeightOnlyLinear(quantize_chunked(lin.weight, INT8), lin.bias, path=path))
             if fmt == "int8-dyn":
                 return eng, "int8 per channel x int8 activations (fbgemm quantized.linear_dynamic), head int8"
-            return eng, f"int8 per channel ({_kernel(eng.model.lm_head)}), head int8"
+            return eng, f"int8 per channel ({kernel_name(eng.model.lm_head)}), head int8"
         quantize_engine_gguf(eng, gguf_file(MODEL))
         head = eng.model.lm_head
         eng.model.set_linear("lm_head", WeightOnlyLinear(quantize_chunked(head.weight, INT8)))
-        return eng, f"Q4_1 imported bit-exact ({_kernel(eng.model.layers[0].gate_up)}), head int8"
-
-
-def _kernel(layer) -> str:
-    """Which kernel a quantized layer's decode products run on."""
-    return {
-        "gemv": "the course's GEMV, kernels.cpu_gemv, fp32 activations",
-        "cpu": "aten._weight_int8pack_mm / _weight_int4pack_mm_for_cpu, bf16 activations",
-    }.get(layer.path, layer.path)
+        return eng, f"Q4_1 imported bit-exact ({kernel_name(eng.model.layers[0].gate_up)}), head int8"
 
 
 class EngineSide:
