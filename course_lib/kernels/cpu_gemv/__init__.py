@@ -41,6 +41,7 @@ import torch
 from course_lib.core.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("gemv.c")
+STEP_SOURCE = Path(__file__).with_name("step.c")  # the whole decode step; it #includes gemv.c, and is what is built
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
 MAX_ROWS = 4  # the layers route 1..MAX_ROWS rows here; more rows are a GEMM (oneDNN, MKL)
 INT4_GROUP_MULTIPLE = 32  # gemv_int4 takes groups of 32, 64, 128, ... inputs
@@ -70,7 +71,13 @@ def _cpu_key() -> str:
 def library_path(cc: str) -> Path:
     """Where the compiled kernels of this source, compiler, flags and CPU live."""
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), cc.encode(), " ".join(FLAGS).encode(), _cpu_key().encode()):
+    for part in (
+        SOURCE.read_bytes(),
+        STEP_SOURCE.read_bytes(),
+        cc.encode(),
+        " ".join(FLAGS).encode(),
+        _cpu_key().encode(),
+    ):
         h.update(part)
     return cache_dir() / "kernels" / f"cpu_gemv-{h.hexdigest()[:16]}.so"
 
@@ -80,7 +87,9 @@ def _build(cc: str, out: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        r = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [cc, *FLAGS, "-o", tmp, str(STEP_SOURCE), "-lm"], capture_output=True, text=True, timeout=120
+        )
         if r.returncode != 0:
             raise RuntimeError(f"{cc} failed ({r.returncode}): {r.stderr.strip()[-800:]}")
         os.replace(tmp, out)  # atomic: a concurrent process sees the whole file or none
@@ -100,6 +109,10 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.gemv_i4.restype = ctypes.c_int
     lib.rms_norm_rows.argtypes = [p, p, p, i64, i64, ctypes.c_float]
     lib.rms_norm_rows.restype = None
+    lib.decode_step.argtypes = [p, p, p, p, i64, p, p, i32]
+    lib.decode_step.restype = ctypes.c_int
+    lib.decode_work_floats.argtypes = [p, i64]
+    lib.decode_work_floats.restype = i64
     return lib
 
 
@@ -125,7 +138,7 @@ def library():
                     _build(cc, path)
                 _state["lib"] = _load(path)
             except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-                why = f"could not build or load {SOURCE.name}: {e}"
+                why = f"could not build or load {STEP_SOURCE.name} (with {SOURCE.name}): {e}"
         if why is not None:
             warnings.warn(f"course_lib.kernels.cpu_gemv: {why}", RuntimeWarning, stacklevel=2)
         _state["why"], _state["tried"] = why, True
