@@ -1,19 +1,26 @@
 """Benchmark: our engine's decode tokens/s vs HF `generate`, same model and inputs, batch 1 and 8.
 
     python benchmarks/engine_vs_hf.py [--model tiny-target|bench-80m] [--device cpu] [--new-tokens 64] [--profile]
+                                      [--decode auto|eager|fused|compiled|cudagraph|native]
 
 `bench-80m` is a random-weight Llama (hidden 768, 12 layers, 314 MB in fp32): ten times a typical
 L3 cache, so its decode streams the weights from DRAM. The table gives the engine's effective weight
 bandwidth (weight bytes / step time) beside this machine's measured STREAM bandwidth.
 Goals (engine-architecture issue): >= 1.6x HF at batch 1 and >= 1.5x at batch 8 on tiny-target;
 stretch goals: >= 3x HF on tiny-target, >= 60% of STREAM on bench-80m. Not a test: timings are noisy.
+``--decode`` is the engine's decode step (``Engine(decode=...)``); auto: "native" (the whole step in one C
+call) on a CPU where the course's kernels build, else "eager". Batches of 5+ run the eager step either way.
 """
 
 import argparse
 import json
+import sys
+import time
 
 from course_lib.bottlenecks.engine_vs_hf import as_dicts, engine_vs_hf, format_rows, profile_decode_step
 from course_lib.engine.engine import Engine
+from course_lib.engine.fast_decode import DECODE_MODES
+from course_lib.kernels import cpu_gemv
 from course_lib.measure.hardware.device import detect_device
 from course_lib.measure.microbench import measured_peaks
 from course_lib.models.family import SPECS
@@ -30,11 +37,15 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table of decode steps")
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--decode", default="auto", choices=("auto", *DECODE_MODES))
     args = parser.parse_args()
+    decode = args.decode
+    if decode == "auto":
+        decode = "native" if str(args.device) == "cpu" and args.dtype == "fp32" and cpu_gemv.available() else "eager"
     if args.model in SPECS and args.model not in EMBEDDED:
-        engine = Engine(*random_model(args.model, device=args.device, dtype=args.dtype))
+        engine = Engine(*random_model(args.model, device=args.device, dtype=args.dtype), decode=decode)
     else:
-        engine = Engine(args.model, device=args.device, dtype=args.dtype)
+        engine = Engine(args.model, device=args.device, dtype=args.dtype, decode=decode)
     print(detect_device(args.device).describe())
     peaks = measured_peaks(args.device)
     print(f"measured bandwidth (STREAM-like triad) {peaks.bandwidth / 1e9:.1f} GB/s")
@@ -45,8 +56,14 @@ def main() -> None:
             print(f"\ntorch.profiler, 20 decode steps at batch {b}:")
             print(profile_decode_step(engine, b))
     if args.json:
+        meta = {
+            "machine": detect_device(args.device).describe(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": "python benchmarks/engine_vs_hf.py " + " ".join(sys.argv[1:]),
+            "decode": decode,
+        }
         with open(args.json, "w") as f:
-            json.dump(as_dicts(rows), f, indent=1)
+            json.dump({"meta": meta, "rows": as_dicts(rows)}, f, indent=1)
 
 
 if __name__ == "__main__":
