@@ -645,7 +645,7 @@ else:
 # ## 2b · What each lever against the per-op cost buys
 #
 # *Claim.* If a small model's step is mostly ops dispatched one by one, then fewer ops make it faster
-# without touching a byte of the weights. The engine has three levers (`Engine(..., decode=...)`, in
+# without touching a byte of the weights. The engine has four levers (`Engine(..., decode=...)`, in
 # `course_lib/engine/fast_decode.py`), each tested against the eager reference (greedy output identical,
 # fp32 logits within 1e-5):
 # * **fused**: the same maths written for fewer ops and allocations: RoPE in place on q and k together,
@@ -655,21 +655,31 @@ else:
 #   64 keys of context, as gpt-fast compiles its `decode_one_token`): inductor fuses the elementwise ops
 #   into a few C++ loops, and what is left to dispatch is the products and attention;
 # * **cudagraph** (a CUDA device only): the step captured once per batch bucket and replayed, as
-#   nano-vllm's `capture_cudagraph` does: one launch from Python per step.
+#   nano-vllm's `capture_cudagraph` does: one launch from Python per step;
+# * **native** (a CPU): no torch ops at all inside the step. The whole step is one C call
+#   (`course_lib/engine/native_step.py` over `kernels/cpu_gemv/step.c`): every layer runs inside one
+#   OpenMP parallel region, as llama.cpp runs it, with the products on the course's GEMV and the small
+#   work (RMSNorm, RoPE, the K/V writes, attention for one query, SwiGLU) between barriers. It is the
+#   "fused" idea taken to its end; the price is a second copy of the maths, in C, that the tests hold to
+#   the reference.
 #
 # *Predict.* Which lever cuts the op count, and which the time? A fused eager step still dispatches
-# every view and every small op from Python; only the compiler or the graph takes them out of Python.
+# every view and every small op from Python; only the compiler, the graph or the C step takes them out
+# of Python. The native row should count a handful of ops (the step's inputs and outputs, the argmax),
+# and its time should fall to the products' bytes ÷ bandwidth plus what the C code itself costs.
 # The course's goal for the engine (`benchmarks/ledger.py` tracks it) on tiny-target: a decode at batch 1 at least 3× HF `generate`.
 #
 # *Measure.* One decode step of one sequence at 64 tokens of context (forward, greedy argmax, the token
 # to the host), the ops it dispatches counted as in section 2, and the engine's whole decode loop beside
 # HF `generate`. Compiling SmolLM2's 30 layers takes minutes on two cores, so quick mode measures
-# tiny-target's eager and fused steps here and shows the rest from a recorded run (its machine and
-# command are printed).
+# tiny-target's eager, fused and native steps here and shows the rest from a recorded run (its machine
+# and command are printed). Where the course's C kernels cannot be built (no compiler), the native row
+# runs the eager step and says so in a warning.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 live_levers = course_lib.pick(("eager", "fused"), ("eager", "fused", "compiled")) + (("cudagraph",) if CUDA else ())
+live_levers += ("native",) if engine.device.type == "cpu" and engine.model.dtype == torch.float32 else ()
 levers = step_levers.lever_rows(engine, "tiny-target", live_levers, repeats=course_lib.pick(3, 5))
 rec_all, rec_prov = step_levers.load_recorded()
 rec_levers = [r for r in rec_all if (r.model, r.lever) not in {(x.model, x.lever) for x in levers}]
@@ -707,6 +717,9 @@ print(f"(the {best.lever} row is {'measured in this run' if best in levers else 
 comp = by["tiny-target", "compiled"]
 same_run = levers if comp in levers else rec_all  # compare the compiled step with the eager one of its own run
 comp_fewer = step_levers.fewer_ops(next(r for r in same_run if r.model == comp.model and r.lever == "eager"), comp)
+if ("tiny-target", "native") in by:
+    native_fewer = step_levers.fewer_ops(ref_t, by["tiny-target", "native"], factor=10)
+    native_faster = step_levers.faster(ref_t, by["tiny-target", "native"])
 
 # %% [markdown]
 # *Explain.* The verdicts above say, for this run, whether the fused step dispatched fewer ops and ran
@@ -716,7 +729,12 @@ comp_fewer = step_levers.fewer_ops(next(r for r in same_run if r.model == comp.m
 # its own: static shapes, so the keys are read up to the next multiple of 64 and masked, not to the exact
 # length; a layer's elementwise ops fold into a few C++ loops, and what
 # it still dispatches is mostly the products (the course's GEMV or oneDNN's, one opaque op each) and attention: the table's
-# compiled row counts those. On a GPU, a CUDA graph removes the per-op launch from Python altogether,
+# compiled row counts those. The native row is the other way out of Python, by hand: the verdicts above
+# say whether it dispatched at least 10× fewer ops than eager and ran faster. What is left of its step
+# is the products (tiny-target's ~20 MB of weights, mostly in the LLC here) and the C code's own
+# barriers; the engine's scheduler, sampler and events around it are what keep its ratio to HF below
+# the step's own. The same C step is what the ledger's SmolLM2 rows against llama.cpp run
+# (`benchmarks/vs_llamacpp.py --decode native`, chapter 02-2). On a GPU, a CUDA graph removes the per-op launch from Python altogether,
 # which is why the GPU goal (tiny-target ≤ 0.5 ms per step on an H200) is set against
 # `decode="cudagraph"`; `benchmarks/gpu_check.sh` times it when a GPU is lent.
 #
