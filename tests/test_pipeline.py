@@ -228,15 +228,32 @@ def _table(measured) -> str:
     return "medians of 3 repeats\n" + format_bubble_rows(bubble_rows(measured))
 
 
+def _stage_prediction(tl: Timeline) -> float:
+    """The GPipe bubble for this run's stages at their own mean CPU time per micro-batch: the formula's
+    schedule without its equal-stages assumption."""
+    per_stage = [[s.cpu for s in tl.slots if s.stage == st] for st in range(tl.stages)]
+    return float(gpipe_schedule(tl.stages, tl.micro_batches, [sum(c) / len(c) for c in per_stage]).bubble())
+
+
+BALANCED = 1.10  # busiest stage ÷ mean stage up to which the equal-stages formula is asserted
+
+
 def test_measured_bubble_cpu_replay_matches_formula(measured):
     """Each slot's CPU time is the stage's work, whatever else runs on the machine: re-timed with it, the
-    measured schedule must give the formula's bubble (equal micro-batches, balanced stages)."""
+    measured schedule must give the GPipe bubble of its stages' times, and the formula's (p − 1)/(m + p − 1)
+    where the stages are balanced (a shared VM can give one stage's core a slower minute: 1.25× seen once)."""
     print("\n" + _table(measured))
+    balanced = 0
     for m, tls in measured.items():
         assert len(tls) == 3 and all(isinstance(t, Timeline) for t in tls)
         replay = _median([float(t.replayed().bubble()) for t in tls])
-        assert abs(replay - bubble_fraction(2, m)) <= 0.10, _table(measured)
+        assert abs(replay - _median([_stage_prediction(t) for t in tls])) <= 0.05, _table(measured)
+        if _median([t.imbalance() for t in tls]) <= BALANCED:
+            balanced += 1
+            assert abs(replay - bubble_fraction(2, m)) <= 0.10, _table(measured)
     assert spawned_children() == []
+    if not balanced:
+        pytest.skip(f"no m had balanced stages (busiest ≤ {BALANCED}× the mean):\n{_table(measured)}")
 
 
 def test_measured_wall_clock_bubble_matches_formula(measured):
@@ -245,6 +262,12 @@ def test_measured_wall_clock_bubble_matches_formula(measured):
     share = min(_median([t.cpu_share() for t in tls]) for tls in measured.values())
     if share < 0.85:
         pytest.skip(f"cores oversubscribed (CPU/wall inside the slots {share:.2f} < 0.85):\n{_table(measured)}")
-    for row in bubble_rows(measured):
-        assert abs(row.wall - row.formula) <= 0.10, _table(measured)
-        assert abs(row.wall - row.with_comm) <= 0.10, _table(measured)  # with the measured hand-off time
+    rows = bubble_rows(measured)
+    for (m, tls), row in zip(measured.items(), rows):
+        assert row.m == m
+        assert abs(row.wall - _median([_stage_prediction(t) for t in tls])) <= 0.10, _table(measured)
+        if row.imbalance <= BALANCED:  # the formula assumes equal stages
+            assert abs(row.wall - row.formula) <= 0.10, _table(measured)
+            assert abs(row.wall - row.with_comm) <= 0.10, _table(measured)  # with the measured hand-off time
+    if all(row.imbalance > BALANCED for row in rows):
+        pytest.skip(f"no m had balanced stages (busiest ≤ {BALANCED}× the mean):\n{_table(measured)}")

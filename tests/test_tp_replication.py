@@ -106,7 +106,10 @@ def test_tp4_replicated_gqa_equals_one_process():
 
     res = tp_equality("tiny-target", 4, ["def fibonacci(n):", "import os\n\n\ndef read(path):"], max_new_tokens=6)
     assert [(r["heads"], r["kv_heads"]) for r in res.ranks] == [(2, 1)] * 4  # KV head 0 on ranks 0-1, 1 on 2-3
-    assert res.logits_close(atol=1e-5) and res.argmax_equal and res.greedy_equal
+    # fp32 sums split over ranks and added in another order: a few ulps of the largest logit (1.3e-5 at |15|
+    # on a Sapphire Rapids VM, AVX-512 kernels), a sharding bug O(1)
+    assert res.logits_close(atol=1e-5, rtol=2e-6), res.max_abs_diff
+    assert res.argmax_equal and res.greedy_equal
     assert res.memory_total("peak_rss") >= res.memory_total("pss") > 0
     assert "TP=4" in str(res) and len(res.answers) == 2 and res.startup_s("tp") > 0
 

@@ -72,7 +72,8 @@ def test_tp2_vocab_parallel_equals_one_process_and_holds_half_the_vocabulary():
 
     prompts = torch.randint(0, 4096, (3, 12), generator=torch.Generator().manual_seed(0)).tolist()
     res = tp_equality("tiny-target", 2, prompts, vocab_parallel=True, max_new_tokens=6)
-    assert res.logits_close(1e-5) and res.greedy_equal and res.argmax_equal
+    assert res.logits_close(1e-5, rtol=2e-6), res.max_abs_diff  # reordered fp32 sums: a few ulps of max|logit|
+    assert res.greedy_equal and res.argmax_equal
     assert [r["vocab_rows"] for r in res.ranks] == [2048, 2048] and res.single["vocab_rows"] == 4096
     one_table = 4096 * 256 * 4  # tied: the embedding and the head are one (V, D) fp32 table
     # per rank: the layers' 1/2 plus half the table, against the replicated layout's whole table

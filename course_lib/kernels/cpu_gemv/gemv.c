@@ -180,6 +180,19 @@ static inline float i4_row(const float *xe, const float *xo, const float *xg, co
 }
 #endif
 
+/* One input row for i4_row: its even and odd elements (xe, xo: K/2 each) and its sums per group (xg: K/gs),
+   back to back in out (K + K/gs floats). */
+static inline void i4_prepare(const float *xm, int64_t K, int64_t gs, float *out) {
+    const int64_t G = K / gs, half = K / 2;
+    float *xe = out, *xo = xe + half, *xg = xo + half;
+    for (int64_t k = 0; k < half; k++) { xe[k] = xm[2 * k]; xo[k] = xm[2 * k + 1]; }
+    for (int64_t g = 0; g < G; g++) {
+        float t = 0.f;
+        for (int64_t k = g * gs; k < (g + 1) * gs; k++) t += xm[k];
+        xg[g] = t;
+    }
+}
+
 /* int4 weights in groups of gs inputs (gs a multiple of 32): packed (N, K/2) bytes, low nibble = even input,
    high nibble = odd input; w[n, k] = u * s[n, g] + c[n, g] with u in [0, 15] and g = k / gs (fp16 s and c,
    the layout of llama.cpp's Q4_1 at gs = 32). With each input row split into its even and odd elements
@@ -190,16 +203,7 @@ int gemv_i4(const float *x, const uint8_t *packed, const _Float16 *s, const _Flo
     const int64_t G = K / gs, half = K / 2;
     float *scratch = malloc(sizeof(float) * M * (K + G));
     if (!scratch) return -1;
-    for (int64_t m = 0; m < M; m++) { /* the input rows, rearranged once per call */
-        float *xe = scratch + m * (K + G), *xo = xe + half, *xg = xo + half;
-        const float *xm = x + m * K;
-        for (int64_t k = 0; k < half; k++) { xe[k] = xm[2 * k]; xo[k] = xm[2 * k + 1]; }
-        for (int64_t g = 0; g < G; g++) {
-            float t = 0.f;
-            for (int64_t k = g * gs; k < (g + 1) * gs; k++) t += xm[k];
-            xg[g] = t;
-        }
-    }
+    for (int64_t m = 0; m < M; m++) i4_prepare(x + m * K, K, gs, scratch + m * (K + G)); /* once per call */
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *pr = packed + n * half;

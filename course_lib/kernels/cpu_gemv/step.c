@@ -48,16 +48,7 @@ static void lin_run(const lin_t *L, const float *x, float *y, int64_t M, int acc
         const uint8_t *packed = L->w;
         const _Float16 *s = L->s, *c = L->c;
 #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++) {
-            float *xe = scr + m * (K + G), *xo = xe + half, *xg = xo + half;
-            const float *xm = x + m * K;
-            for (int64_t k = 0; k < half; k++) { xe[k] = xm[2 * k]; xo[k] = xm[2 * k + 1]; }
-            for (int64_t g = 0; g < G; g++) {
-                float t = 0.f;
-                for (int64_t k = g * gs; k < (g + 1) * gs; k++) t += xm[k];
-                xg[g] = t;
-            }
-        }
+        for (int64_t m = 0; m < M; m++) i4_prepare(x + m * K, K, gs, scr + m * (K + G));
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; n++) {
             const uint8_t *pr = packed + n * half;
