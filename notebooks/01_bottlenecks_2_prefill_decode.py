@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -327,8 +327,7 @@ print(
     f"{accounting.weights_read_per_step(smol, 1, DT) / 1e6:.0f} MB + KV cache of {smol_ctx} tokens "
     f"{accounting.kv_bytes_per_token(smol, DT) * smol_ctx / 1e6:.1f} MB"
 )
-if llc:
-    print(f"= {smol_bytes / llc:.0f}x the last-level cache ({llc / 2**20:.0f} MiB): every step streams it from DRAM")
+print("=", hardware.cache_regime(smol_bytes))
 
 # %% [markdown]
 # *Predict.* From the bytes above and the measured bandwidth above, what TPOT (in ms) do you expect for

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -361,9 +361,7 @@ print(decode_formats.table(dec, peaks.bandwidth))
 d = {r.name: r for r in dec}
 fp32_row, bf16_row, int8_row = d[decode_formats.FP32], d[decode_formats.BF16], d["int8 per-channel"]
 int4_row, int4_fp32head = d["int4 Q4_1, int8 head"], d["int4 Q4_1, fp32 head"]
-print(
-    f"smallest step: {int4_row.bytes / 1e6:.0f} MB = {int4_row.bytes / llc:.1f}x the LLC: every format streams from DRAM"
-)
+print(f"smallest step: {int4_row.bytes / 1e6:.0f} MB =", hardware.cache_regime(int4_row.bytes))
 sp = {r.name: decode_formats.speedup(dec, fp32_row.name, r.name) for r in dec}
 vs_bf16 = {n: decode_formats.speedup(dec, bf16_row.name, n)[0] for n in (int8_row.name, int4_row.name)}
 print(

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -752,10 +752,9 @@ smol = smol_record.smol_engine(DEV)
 SMOL_NEW = pick(48, 160)  # at most; each answer ends at its end-of-turn token
 SMOL_REPEATS = pick(2, REPEATS)
 smol_bytes = draft_cost.draft_bytes(smol, smol.model.num_layers, smol.model.vocab_size)
-llc = hardware.detect_device().cache_bytes
 print(
-    f"SmolLM2 weights read per decode step: {smol_bytes.target / 2**20:.0f} MiB; last-level cache "
-    + (f"{llc / 2**20:.0f} MiB: {smol_bytes.target / llc:.0f}× larger, so DRAM serves them" if llc else "unknown")
+    f"SmolLM2 weights read per decode step: {smol_bytes.target / 2**20:.0f} MiB =",
+    hardware.cache_regime(smol_bytes.target),
 )
 smol_tasks = [chat_ids(smol.tokenizer, t) for t in CHAT_GROUNDED[: pick(1, 3)]]
 smol_lookup_rows = []

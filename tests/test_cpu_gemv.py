@@ -43,8 +43,13 @@ def test_int8_matches_linear(m, n, k):
 
 
 @pytest.mark.parametrize(
-    "n,k,gs", [(1, 32, 32), (3, 64, 32), (17, 96, 32), (40, 576, 32), (9, 256, 64), (24, 512, 128)]
-)
+    "n,k,gs",
+    [
+        (1, 32, 32), (3, 64, 32), (17, 96, 32), (40, 576, 32), (9, 256, 64), (24, 512, 128),
+        # K a multiple of 128: AVX-512's blocked path (4, 2, 1 groups per 128-weight block, and a group over 2)
+        (5, 128, 32), (7, 384, 64), (3, 640, 128), (6, 1024, 256), (4, 1536, 32),
+    ],
+)  # fmt: skip
 @pytest.mark.parametrize("m", [1, 2, 4])
 def test_int4_matches_linear(m, n, k, gs):
     g = torch.Generator().manual_seed(n + k + gs + m)
@@ -60,6 +65,20 @@ def test_int4_matches_linear(m, n, k, gs):
     u = torch.stack([packed & 15, packed >> 4], -1).reshape(n, k).float()
     course = (u - 8) * scale.repeat_interleave(gs, 1) + zero.repeat_interleave(gs, 1)
     torch.testing.assert_close(layout.dequantize(), course, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("k", [4064, 4096])  # the even/odd path and (on AVX-512) the blocked one
+def test_int4_keeps_fp32_accuracy_when_activations_share_a_large_mean(k):
+    """Both int4 paths split w = s·u + c and subtract a per-group sum of x (the blocked one computes
+    s·16·(sum f·x − sum x), f = 1 + u/16): activations far from zero must not cancel away fp32's accuracy."""
+    g = torch.Generator().manual_seed(k)
+    packed = torch.randint(0, 256, (64, k // 2), dtype=torch.uint8, generator=g)
+    scale, zero = torch.rand(64, k // 32, generator=g) / 16 + 1e-3, torch.randn(64, k // 32, generator=g) / 8
+    layout = cpu_gemv.int4_layout(packed, scale, zero, 32)
+    x = torch.randn(1, k, generator=g) + 50
+    ref = F.linear(x.double(), layout.dequantize().double())
+    err = (cpu_gemv.gemv_int4(x, layout).double() - ref).abs().max() / ref.abs().max()
+    assert err < 1e-5, err  # measured 1.5e-6 (even/odd) and 2.7e-6 (blocked); torch's fp32 F.linear 1.7e-7
 
 
 def test_bad_input_is_named():

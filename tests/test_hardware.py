@@ -315,3 +315,15 @@ def test_macos_answers_through_sysctl(monkeypatch):
     assert info.name == "Apple M2 Pro" and info.physical_cores == 10
     assert info.cache_bytes == 16 * 2**20 and info.memory_gb == 32.0
     assert "LLC 16 MiB" in info.describe() and "clock unknown" in info.describe()
+
+
+def test_cache_regime_is_computed_from_the_llc():
+    from course_lib.measure.hardware import cache_regime
+
+    mib = 2**20
+    assert "streams them from DRAM" in cache_regime(540e6, 32 * mib) and "16.1x" in cache_regime(540e6, 32 * mib)
+    assert "most of each step's reads come from DRAM" in cache_regime(540e6, 300 * mib)  # 1.7x
+    assert "can stay in the cache" in cache_regime(100e6, 300 * mib)  # int4 SmolLM2 on a 300 MiB LLC
+    assert cache_regime(1.0, 0) == "last-level cache size unknown"
+    with pytest.raises(ValueError, match="n_bytes must be a number >= 0"):
+        cache_regime(-1, 32 * mib)

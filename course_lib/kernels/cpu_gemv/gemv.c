@@ -43,7 +43,10 @@ static inline float hsum(f32x8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v
 /* the next row block's cache lines, one block ahead (a block's rows are short: the hardware prefetcher
    alone restarts at every row) */
 #ifndef NO_PREFETCH
-#define PREFETCH(p) __builtin_prefetch((p), 0, 0)
+#ifndef PF_LOC /* __builtin_prefetch's locality: 0 non-temporal, 1 into L2 (cpu_gemv.PREFETCH_LOCALITY picks) */
+#define PF_LOC 0
+#endif
+#define PREFETCH(p) __builtin_prefetch((p), 0, PF_LOC)
 #ifndef PF_BLOCKS
 #define PF_BLOCKS 2 /* measured: 2 blocks ahead beat 1 and 4 on the 2-core AVX2 VM (int8 +10%, fp32 +0-7%) */
 #endif
@@ -107,7 +110,100 @@ GEMV(float)
 GEMV(int8_t)
 
 /* One int4 row against one prepared input row: sum_g s_g * (lo . xe_g + hi . xo_g) + c_g * xg_g. */
-#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+/* AVX-512: a group of 32 nibbles (16 bytes) is one register of 16 even and one of 16 odd weights, widened
+   to fp32 in two conversions each; half the instructions of the AVX2 path per weight, which is what int4
+   costs (it is bound by the widening, not by memory, on two cores). */
+static inline __m512 i4_group512(const uint8_t *p, const float *e, const float *o) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p), low4 = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(b, low4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
+    const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), _mm512_loadu_ps(e));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), _mm512_loadu_ps(o), t);
+}
+
+/* Rows whose length is a multiple of 128 skip the widening altogether. A 64-byte block of the row (128
+   weights) is 16 dwords, and dword j holds the nibbles of weights 8j .. 8j+7: nibble q of every dword is one
+   register of 16 weights, moved into bits 19-22 by one shift and OR-ed into 1.0f's bit pattern by one
+   ternary-logic op, which makes the float f = 1 + u/16 exactly (u = 16 (f - 1)); no conversion instruction.
+   i4_prepare lays the inputs out to match (x of weight 8j + q at 16q + j), so each row costs per 16 weights
+   a shift, a logic op and an FMA, against two widenings, a conversion and an FMA above. Then
+   sum_k w_k x_k = sum_g 16 s_g (sum_{k in g} f_k x_k - xg_g) + c_g xg_g, with the scales of a block's
+   groups (4 at gs = 32) spread over its lanes by one permute. */
+#define I4_BLOCKED(K) (((K) & 127) == 0)
+#define I4_NIB(v, q) ((q) <= 4 ? _mm512_slli_epi32((v), 19 - 4 * (q)) : _mm512_srli_epi32((v), 4 * (q) - 19))
+static inline __m512 i4_f(__m512i v, const __m512i mask, const __m512i one) {
+    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(v, mask, one, 0xEA)); /* (v & mask) | one */
+}
+
+static inline float i4_row_blocked(const float *xr, const float *xg, const uint8_t *pr, const _Float16 *sr,
+                                   const _Float16 *cr, int64_t G, int64_t gs) {
+    const int64_t K = G * gs, per = gs < 128 ? 128 / gs : 1; /* groups per 128-weight block */
+    const __m512i mask = _mm512_set1_epi32(15 << 19), one = _mm512_set1_epi32(0x3F800000);
+    __m512i sidx = _mm512_setzero_si512();
+    if (gs < 128) sidx = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), gs == 32 ? 2 : 3);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t b = 0; b < K / 128; b++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(pr + 64 * b));
+        const float *xb = xr + 128 * b;
+        __m512 t0 = _mm512_mul_ps(i4_f(I4_NIB(v, 0), mask, one), _mm512_loadu_ps(xb));
+        __m512 t1 = _mm512_mul_ps(i4_f(I4_NIB(v, 1), mask, one), _mm512_loadu_ps(xb + 16));
+        t0 = _mm512_fmadd_ps(i4_f(I4_NIB(v, 2), mask, one), _mm512_loadu_ps(xb + 32), t0);
+        t1 = _mm512_fmadd_ps(i4_f(I4_NIB(v, 3), mask, one), _mm512_loadu_ps(xb + 48), t1);
+        t0 = _mm512_fmadd_ps(i4_f(I4_NIB(v, 4), mask, one), _mm512_loadu_ps(xb + 64), t0);
+        t1 = _mm512_fmadd_ps(i4_f(I4_NIB(v, 5), mask, one), _mm512_loadu_ps(xb + 80), t1);
+        t0 = _mm512_fmadd_ps(i4_f(I4_NIB(v, 6), mask, one), _mm512_loadu_ps(xb + 96), t0);
+        t1 = _mm512_fmadd_ps(i4_f(I4_NIB(v, 7), mask, one), _mm512_loadu_ps(xb + 112), t1);
+        const int64_t g0 = (128 * b) / gs;
+        const __m128i sh = _mm_maskz_loadu_epi16((__mmask8)((1u << per) - 1), sr + g0);
+        const __m512 sv = _mm512_permutexvar_ps(sidx, _mm512_castps256_ps512(_mm256_cvtph_ps(sh)));
+        if (b & 1) acc1 = _mm512_fmadd_ps(_mm512_add_ps(t0, t1), sv, acc1);
+        else acc0 = _mm512_fmadd_ps(_mm512_add_ps(t0, t1), sv, acc0);
+    }
+    /* the offsets: sum_g (c_g - 16 s_g) xg_g */
+    __m512 z = _mm512_setzero_ps();
+    const __m512 sixteen = _mm512_set1_ps(16.f);
+    int64_t g = 0;
+    for (; g + 16 <= G; g += 16) {
+        const __m512 cg = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(cr + g)));
+        const __m512 sg = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sr + g)));
+        z = _mm512_fmadd_ps(_mm512_fnmadd_ps(sixteen, sg, cg), _mm512_loadu_ps(xg + g), z);
+    }
+    float off = _mm512_reduce_add_ps(z);
+    for (; g < G; g++) off += ((float)cr[g] - 16.f * (float)sr[g]) * xg[g];
+    return 16.f * _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + off;
+}
+
+static inline float i4_row(const float *xe, const float *xo, const float *xg, const uint8_t *pr, const _Float16 *sr,
+                           const _Float16 *cr, int64_t G, int64_t gs) {
+    if (I4_BLOCKED(G * gs)) return i4_row_blocked(xe, xg, pr, sr, cr, G, gs);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    float sf[16] __attribute__((aligned(64)));
+    int64_t g = 0;
+    if (gs == 32) { /* Q4_1's groups: scales widened 16 at a time (a scalar fp16 widening per group chains
+                       through its merged register), then two groups per iteration */
+        for (; g + 16 <= G; g += 16) {
+            _mm512_store_ps(sf, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sr + g))));
+            for (int64_t i = 0; i < 16; i += 2) {
+                const int64_t j = 16 * (g + i);
+                acc0 = _mm512_fmadd_ps(i4_group512(pr + j, xe + j, xo + j), _mm512_set1_ps(sf[i]), acc0);
+                acc1 = _mm512_fmadd_ps(i4_group512(pr + j + 16, xe + j + 16, xo + j + 16), _mm512_set1_ps(sf[i + 1]), acc1);
+            }
+        }
+    }
+    for (; g < G; g++) {
+        __m512 t = _mm512_setzero_ps();
+        for (int64_t j = g * (gs / 2); j < (g + 1) * (gs / 2); j += 16) t = _mm512_add_ps(t, i4_group512(pr + j, xe + j, xo + j));
+        acc0 = _mm512_fmadd_ps(t, _mm512_set1_ps((float)sr[g]), acc0);
+    }
+    __m512 z = _mm512_setzero_ps();
+    g = 0;
+    for (; g + 16 <= G; g += 16) z = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(cr + g))), _mm512_loadu_ps(xg + g), z);
+    float zero_term = _mm512_reduce_add_ps(z);
+    for (; g < G; g++) zero_term += (float)cr[g] * xg[g];
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + zero_term;
+}
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define I4_BLOCKED(K) 0
 /* 32 nibbles (16 bytes) against their 16 even and 16 odd inputs, into two accumulators. */
 static inline void i4_chunk(const uint8_t *p, const float *e, const float *o, __m256 *t0, __m256 *t1) {
     const __m128i low4 = _mm_set1_epi8(15);
@@ -158,6 +254,7 @@ static inline float i4_row(const float *xe, const float *xo, const float *xg, co
     return hsum((f32x8)_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3))) + zero_term;
 }
 #else
+#define I4_BLOCKED(K) 0
 static inline float i4_row(const float *xe, const float *xo, const float *xg, const uint8_t *pr, const _Float16 *sr,
                            const _Float16 *cr, int64_t G, int64_t gs) {
     f32x8 acc0 = {0}, acc1 = {0};
@@ -180,12 +277,18 @@ static inline float i4_row(const float *xe, const float *xo, const float *xg, co
 }
 #endif
 
-/* One input row for i4_row: its even and odd elements (xe, xo: K/2 each) and its sums per group (xg: K/gs),
-   back to back in out (K + K/gs floats). */
+/* One input row for i4_row: its even and odd elements (xe, xo: K/2 each), or i4_row_blocked's order where
+   K is a multiple of 128 on AVX-512, then its sums per group (xg: K/gs), back to back in out (K + K/gs
+   floats). */
 static inline void i4_prepare(const float *xm, int64_t K, int64_t gs, float *out) {
     const int64_t G = K / gs, half = K / 2;
     float *xe = out, *xo = xe + half, *xg = xo + half;
-    for (int64_t k = 0; k < half; k++) { xe[k] = xm[2 * k]; xo[k] = xm[2 * k + 1]; }
+    if (I4_BLOCKED(K)) /* i4_row_blocked's order: in each block of 128, x of weight 8j + q at 16q + j */
+        for (int64_t b = 0; b < K; b += 128)
+            for (int64_t j = 0; j < 16; j++)
+                for (int64_t q = 0; q < 8; q++) out[b + 16 * q + j] = xm[b + 8 * j + q];
+    else
+        for (int64_t k = 0; k < half; k++) { xe[k] = xm[2 * k]; xo[k] = xm[2 * k + 1]; }
     for (int64_t g = 0; g < G; g++) {
         float t = 0.f;
         for (int64_t k = g * gs; k < (g + 1) * gs; k++) t += xm[k];

@@ -18,7 +18,13 @@ from course_lib.measure.hardware.cores import (
 )
 from course_lib.measure.hardware.cpu_probe import ISA_FLAGS, physical_cores
 from course_lib.measure.hardware.datasheet import SPEC_DTYPES, GpuSpec, gpu_names, gpu_spec, gpu_specs
-from course_lib.measure.hardware.device import DeviceInfo, detect_device, preferred_dtype, spec_for_device
+from course_lib.measure.hardware.device import (
+    DeviceInfo,
+    cache_regime,
+    detect_device,
+    preferred_dtype,
+    spec_for_device,
+)
 from course_lib.measure.hardware.peaks_cache import (
     MeasuredPeaks,
     cached_peaks,
@@ -34,6 +40,7 @@ __all__ = [
     "MeasuredPeaks",
     "SPEC_DTYPES",
     "bf16_flop_per_cycle",
+    "cache_regime",
     "cached_peaks",
     "cpu_theoretical_flops",
     "detect_device",

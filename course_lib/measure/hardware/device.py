@@ -90,6 +90,24 @@ class DeviceInfo:
         return f"{mib:.0f} MiB" if mib >= 1 else f"{self.cache_bytes / 2**10:.0f} KiB"
 
 
+def cache_regime(n_bytes: float, llc: int | None = None) -> str:
+    """Where ``n_bytes`` read in order every step come from, said against the last-level cache ``llc``
+    (default: this machine's): larger than it, they stream from DRAM each time (an LRU cache keeps none of
+    a cyclic read bigger than itself); smaller, they can stay in it, and a step may beat the DRAM roof. An
+    LLC is 32 MiB on the course's AMD VM and 300 MiB on a Sapphire Rapids one, so the verdict is computed."""
+    if not (isinstance(n_bytes, (int, float)) and n_bytes >= 0):
+        raise ValueError(f"n_bytes must be a number >= 0, got {n_bytes!r}")
+    llc = detect_device("cpu").cache_bytes if llc is None else llc
+    if not llc:
+        return "last-level cache size unknown"
+    size = f"the last-level cache ({llc / 2**20:.0f} MiB)"
+    if n_bytes >= 2 * llc:
+        return f"{n_bytes / llc:.1f}x {size}: every step streams them from DRAM"
+    if n_bytes >= llc:
+        return f"{n_bytes / llc:.1f}x {size}: most of each step's reads come from DRAM (the cache may keep a part)"
+    return f"{n_bytes / llc:.2f}x {size}: they can stay in the cache, so a step may read faster than DRAM"
+
+
 def _detect_cpu() -> DeviceInfo:
     """Probe the CPU (uncached; ``detect_device`` caches)."""
     return DeviceInfo("cpu", **probe_cpu())
