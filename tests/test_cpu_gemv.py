@@ -145,3 +145,62 @@ def test_engine_rms_norm_routes_only_what_the_kernel_may_take():
     assert wg.grad is not None
     big = torch.randn(9, 64)  # a prefill's rows: torch's op
     torch.testing.assert_close(rms_norm(big, w, 1e-6), F.rms_norm(big, (64,), w, 1e-6))
+
+
+def _q8_reference(x: torch.Tensor, layout) -> torch.Tensor:
+    """llama.cpp's Q8 rounding of x per block of 32 (d = max|x| / 127, q = round(x / d)), then the exact
+    product with the weight's u·s part, plus c times the unrounded sums: what gemv_int4_q8 computes."""
+    m, k = x.shape
+    xb = x.double().reshape(m, k // 32, 32)
+    d = xb.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(d > 0, torch.round(xb / torch.where(d > 0, d, 1)), 0)
+    xq = (q * d).reshape(m, k)
+    n = layout.packed.shape[0]
+    u = torch.stack([layout.packed & 15, layout.packed >> 4], -1).reshape(n, k).double()
+    gs = layout.group_size
+    s, c = layout.s.double().repeat_interleave(gs, 1), layout.c.double().repeat_interleave(gs, 1)
+    return xq @ (u * s).T + x.double() @ c.T
+
+
+@pytest.mark.parametrize("n,k,gs", [(5, 128, 32), (7, 384, 64), (3, 640, 128), (6, 1024, 256), (33, 1536, 32)])
+@pytest.mark.parametrize("m", [1, 3])
+def test_int4_q8_matches_its_rounding_and_names_its_cost(m, n, k, gs):
+    g = torch.Generator().manual_seed(n * k + gs + m)
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    scale, zero = torch.rand(n, k // gs, generator=g) / 16 + 1e-3, torch.randn(n, k // gs, generator=g) / 8
+    layout = cpu_gemv.int4_layout(packed, scale, zero, gs)
+    x = torch.randn(m, k, generator=g)
+    x[0, :32] = 0  # an all-zero block: d = 0, q = 0
+    y = cpu_gemv.gemv_int4_q8(x, layout, threads=2)
+    torch.testing.assert_close(y, _q8_reference(x, layout).float(), rtol=_tol(k), atol=_tol(k))
+    # against fp32 activations the rounding shows: well above fp32's error, well below int4's own
+    ref = F.linear(x.double(), layout.dequantize().double())
+    err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
+    assert 1e-5 < err < 3e-2, err
+
+
+def test_int4_q8_bad_input_is_named():
+    layout = cpu_gemv.int4_layout(torch.zeros(4, 48, dtype=torch.uint8), torch.ones(4, 3), torch.ones(4, 3), 32)
+    with pytest.raises(ValueError, match="multiple of 128, got 96"):
+        cpu_gemv.gemv_int4_q8(torch.randn(1, 96), layout)
+    with pytest.raises(ValueError, match="layout must be an Int4Layout"):
+        cpu_gemv.gemv_int4_q8(torch.randn(1, 128), torch.zeros(4, 64))
+
+
+def test_weight_only_linear_takes_the_q8_path_only_when_asked_and_only_where_it_fits():
+    from course_lib.compression.linear import WeightOnlyLinear
+    from course_lib.compression.quantize import QuantConfig
+    from course_lib.engine.layers import Linear
+
+    g = torch.Generator().manual_seed(3)
+    cfg = QuantConfig(bits=4, granularity="group", group_size=32, symmetric=False)
+    lin = Linear(torch.randn(48, 256, generator=g) * 0.02)
+    auto, q8 = WeightOnlyLinear.from_linear(lin, cfg), WeightOnlyLinear.from_linear(lin, cfg, path="gemv-q8")
+    assert auto.path == "gemv" and q8.path == "gemv-q8"  # auto never rounds the activations
+    x = torch.randn(1, 256, generator=g)
+    qw = q8.qw
+    kernel = cpu_gemv.gemv_int4_q8(x, cpu_gemv.int4_layout(qw.data, qw.scale, qw.zero, qw.group_size))
+    assert torch.equal(q8(x), kernel)
+    assert not torch.equal(q8(x), auto(x))  # the rounding is there
+    with pytest.raises(ValueError, match="path='gemv-q8' needs .* a multiple of 128"):
+        WeightOnlyLinear.from_linear(Linear(torch.randn(8, 96)), cfg, path="gemv-q8")

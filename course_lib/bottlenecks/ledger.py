@@ -116,6 +116,13 @@ GOALS = (
         for fmt in ("fp32", "int8", "int4")
     ),
     Goal(
+        "int4-q8 GEMV (1 row, weight ≫ LLC; activations rounded to int8 per 32, llama.cpp's trade), GB/s ÷ STREAM",
+        GEMV,
+        _gemv("int4-q8"),
+        "python benchmarks/gemv_roof.py --json data/measurements/" + GEMV,
+        0.75,
+    ),
+    Goal(
         "server p50 TPOT at 8 req/s ÷ in-process step at the same batch",
         SERVER,
         lambda d: d.get("ratio"),  # serving.server_tpot_record: the thread server's median over rounds

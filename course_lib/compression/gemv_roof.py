@@ -5,8 +5,9 @@ and the ceiling is the bandwidth a STREAM triad measures on the same machine (``
 ``gemv_roof`` times the engine's fp32 layers (``F.linear``, oneDNN-packed ``PackedLinear`` and the course's
 hand-written ``kernels.cpu_gemv``) and the weight-only int8 (per channel) and int4 (asymmetric groups of
 32, llama.cpp's Q4_1) layers on the course's kernels (fp32 activations) and on torch's packed CPU kernels
-(``int8 bf16``/``int4 bf16``: activations rounded to bf16), and ``int8-dyn`` (the opt-in
-``path="dynamic"``, int8 activations too), each cycling through enough copies of its weight to read
+(``int8 bf16``/``int4 bf16``: activations rounded to bf16), ``int4-q8`` (the course's int4 kernel with
+activations rounded to int8 per block of 32 and multiplied four bytes at a time: llama.cpp's trade, opt-in
+``path="gemv-q8"``) and ``int8-dyn`` (the opt-in ``path="dynamic"``, int8 activations too), each cycling through enough copies of its weight to read
 ``working_set`` bytes (≥ 4× the LLC, so no format is served from the cache), and reports GB/s of weight
 bytes and the fraction of STREAM.
 ``bf16_activation_error`` measures what the int8/int4 CPU kernels' bf16 rounding of the activations
@@ -26,6 +27,7 @@ from course_lib.compression.linear import (
     WeightOnlyLinear,
     cpu_supports,
     dynamic_supports,
+    gemv_q8_supports,
     gemv_supports,
     layer_bytes,
     timing_copy,
@@ -41,15 +43,22 @@ CONFIGS = {
     "int8": QuantConfig(bits=8, granularity="channel", symmetric=True),
     "int4": QuantConfig(bits=4, granularity="group", group_size=32, symmetric=False),
 }
-FORMATS = ("fp32", "fp32 packed", "fp32 gemv", "int8", "int8 bf16", "int4", "int4 bf16", "int8-dyn")
+FORMATS = ("fp32", "fp32 packed", "fp32 gemv", "int8", "int8 bf16", "int4", "int4 bf16", "int4-q8", "int8-dyn")
 # the format each kernel reads, and the path that runs it ("gemv": kernels.cpu_gemv, "cpu": torch's bf16 kernels)
-PATH_OF = {"int8": "gemv", "int8 bf16": "cpu", "int4": "gemv", "int4 bf16": "cpu", "int8-dyn": "dynamic"}
+PATH_OF = {
+    "int8": "gemv",
+    "int8 bf16": "cpu",
+    "int4": "gemv",
+    "int4 bf16": "cpu",
+    "int4-q8": "gemv-q8",  # the course's int4 kernel with activations rounded to int8 per 32 (llama.cpp's trade)
+    "int8-dyn": "dynamic",
+}
 
 
 def available_formats(formats=FORMATS) -> tuple:
     """The formats of ``formats`` that can run here: the course's kernels need a C compiler
     (``kernels.cpu_gemv``), torch's packed ones and fbgemm a torch built with them."""
-    w = torch.zeros(16, 64)
+    w = torch.zeros(16, 128)
     ok = []
     for fmt in formats:
         if fmt == "fp32 gemv":
@@ -58,7 +67,12 @@ def available_formats(formats=FORMATS) -> tuple:
             good = PackedLinear.available(w)
         elif fmt in PATH_OF:
             qw = quantize(w, CONFIGS[fmt.split()[0].split("-")[0]])
-            good = {"gemv": gemv_supports, "cpu": cpu_supports, "dynamic": dynamic_supports}[PATH_OF[fmt]](qw)
+            good = {
+                "gemv": gemv_supports,
+                "gemv-q8": gemv_q8_supports,
+                "cpu": cpu_supports,
+                "dynamic": dynamic_supports,
+            }[PATH_OF[fmt]](qw)
         else:
             good = True
         if good:
@@ -225,7 +239,7 @@ def bf16_activation_error(out_features: int = 1024, in_features: int = 1024, row
     """Relative max error of each quantized layer's CPU path against its fp32 reference (the same
     dequantized weight, fp32 activations): what rounding the activations costs (none in the course's
     kernels, ``int8``/``int4``, but their fp16 scales for int4; bf16 in torch's, ``int8 bf16``/``int4
-    bf16``; int8 per row in ``int8-dyn``). Random Gaussian activations: real ones have outliers, which
+    bf16``; int8 per block of 32 in ``int4-q8``, per row in ``int8-dyn``). Random Gaussian activations: real ones have outliers, which
     cost int8 rounding more."""
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(out_features, in_features, generator=gen) * 0.02

@@ -37,7 +37,7 @@ from course_lib.compression.quantize import QuantConfig, QuantizedWeight, dequan
 from course_lib.engine.layers import Linear
 from course_lib.kernels import cpu_gemv
 
-PATHS = ("auto", "reference", "cpu", "gemv", "triton", "dynamic")
+PATHS = ("auto", "reference", "cpu", "gemv", "gemv-q8", "triton", "dynamic")
 # Rows the gemv path sends to the course's kernels when torch's packed kernel also takes the format: the
 # kernels widen every weight to fp32 once per row, so on a 2-core AVX2 VM (gemv_roof, 4096 x 4096) int8
 # read 9.7 GB/s at 1 row but 7.6 and 4.2 at 2 and 4, where torch's bf16 kernel read 10.3 and 6.2.
@@ -94,6 +94,13 @@ def gemv_supports(qw: QuantizedWeight) -> bool:
     else:
         ok = c.granularity == "group" and qw.group_size % cpu_gemv.INT4_GROUP_MULTIPLE == 0
     return ok and cpu_gemv.available()
+
+
+def gemv_q8_supports(qw: QuantizedWeight) -> bool:
+    """Whether ``path="gemv-q8"`` takes this weight: int4 in groups of a multiple of 32 with in-features a
+    multiple of 128, on a CPU where ``kernels.cpu_gemv`` is built (its ``gemv_int4_q8``: activations rounded
+    to int8 per block of 32, llama.cpp's trade; never chosen by ``auto``)."""
+    return qw.config.bits == 4 and qw.shape[1] % 128 == 0 and gemv_supports(qw)
 
 
 def triton_supports(qw: QuantizedWeight) -> bool:
@@ -158,6 +165,11 @@ class WeightOnlyLinear(Linear):
                 f"path='gemv' needs int8 symmetric per-channel or int4 groups of a multiple of 32 on a CPU where "
                 f"kernels.cpu_gemv is built ({cpu_gemv.unavailable_reason() or 'it is'}); got {self.qw.config.name}"
             )
+        if path == "gemv-q8" and not gemv_q8_supports(self.qw):
+            raise ValueError(
+                "path='gemv-q8' needs int4 groups of a multiple of 32, in-features a multiple of 128 and "
+                f"kernels.cpu_gemv built; got {self.qw.config.name} for a {tuple(self.qw.shape)} weight"
+            )
         if path == "dynamic" and not dynamic_supports(self.qw):
             raise ValueError(
                 f"path='dynamic' needs int8 symmetric per-channel weights on a CPU with torch's fbgemm engine; "
@@ -208,6 +220,8 @@ class WeightOnlyLinear(Linear):
         if self.qw.config.bits == 8:
             q, scale = self._gemv
             return cpu_gemv.run_int8(x2, q, scale, torch.get_num_threads())
+        if self.path == "gemv-q8":
+            return cpu_gemv.run_int4_q8(x2, self._gemv, torch.get_num_threads())
         return cpu_gemv.run_int4(x2, self._gemv, torch.get_num_threads())
 
     def _prepare_dynamic(self):
@@ -225,7 +239,7 @@ class WeightOnlyLinear(Linear):
                 torch.backends.quantized.engine = prev
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.path == "gemv" and x.dim() == 2 and x.shape[0] <= GEMV_ROWS and x.dtype == torch.float32:
+        if self.path in ("gemv", "gemv-q8") and x.dim() == 2 and x.shape[0] <= GEMV_ROWS and x.dtype == torch.float32:
             y = self._forward_gemv(x)  # a decode step's few rows: the shortest way to the kernel
             return y if self.bias is None else y.add_(self.bias)
         rows = x.numel() // max(x.shape[-1], 1)
@@ -234,12 +248,12 @@ class WeightOnlyLinear(Linear):
         lead, k = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, k)
         path = self.path
-        if path == "gemv" and rows > GEMV_ROWS:  # more rows: torch's packed kernel, or ours up to MAX_ROWS
+        if path in ("gemv", "gemv-q8") and rows > GEMV_ROWS:  # more: torch's packed kernel, or ours to MAX_ROWS
             if cpu_supports(self.qw):
                 path = "cpu"
             elif rows > cpu_gemv.MAX_ROWS:
                 return self.reference(x)
-        if path == "gemv":
+        if path in ("gemv", "gemv-q8"):
             y = self._forward_gemv(x2).to(x.dtype)
         elif path == "dynamic":
             if self._prepared is None:
@@ -292,7 +306,7 @@ def timing_copy(layer):
     c = copy.copy(layer)
     if isinstance(layer, WeightOnlyLinear) and layer.path == "dynamic":
         c._prepared = layer._prepare_dynamic()  # fbgemm's own packed copy
-    elif isinstance(layer, WeightOnlyLinear) and layer.path == "gemv":
+    elif isinstance(layer, WeightOnlyLinear) and layer.path in ("gemv", "gemv-q8"):
         g = layer._gemv if layer._gemv is not None else layer._prepare_gemv()
         if isinstance(g, tuple):
             c._gemv = tuple(t.clone() for t in g)
@@ -311,7 +325,7 @@ def timing_copy(layer):
 
 def layer_bytes(lin) -> int:
     """Bytes one decode-shaped forward of ``lin`` reads, as its kernel stores them."""
-    if isinstance(lin, WeightOnlyLinear) and lin.path == "gemv":
+    if isinstance(lin, WeightOnlyLinear) and lin.path in ("gemv", "gemv-q8"):
         n, k = lin.qw.shape
         if lin.qw.config.bits == 8:
             return n * k + n * 4  # int8 + one fp32 scale per row
@@ -328,6 +342,7 @@ __all__ = [
     "PATHS",
     "WeightOnlyLinear",
     "cpu_supports",
+    "gemv_q8_supports",
     "dynamic_reduce_range",
     "dynamic_supports",
     "gemv_supports",

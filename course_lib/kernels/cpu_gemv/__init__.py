@@ -15,7 +15,7 @@ Each is tested against ``F.linear`` on the dequantized weight (``tests/test_cpu_
 ``MAX_ROWS`` rows and awkward shapes (out not a multiple of the row block, in not of the vector width).
 
 The C file is compiled on first use with the system's C compiler (``$CC``, else ``cc``/``gcc``; flags
-``-O3 -march=native -fopenmp``) into ``core.paths.cache_dir()/kernels`` (about a second), keyed by the
+``-O3 -march=native -fopenmp``, and ``defines()``: where to prefetch, by CPU vendor) into ``core.paths.cache_dir()/kernels`` (about a second), keyed by the
 source, the flags and the CPU, and loaded with ``ctypes``. Its OpenMP calls bind to the ``libgomp`` that
 torch has already loaded, so the kernels and torch share one thread pool. Where there is no compiler, the
 platform is not Linux, or ``COURSE_CPU_GEMV=0``, ``available()`` is False, ``unavailable_reason()`` says
@@ -129,6 +129,8 @@ def _load(path: Path) -> ctypes.CDLL:
     for f in (lib.gemv_float, lib.gemv_int8_t):
         f.restype = None
     lib.gemv_i4.restype = ctypes.c_int
+    lib.gemv_i4_q8.argtypes = [p, p, p, p, p, i64, i64, i64, i64, i32]
+    lib.gemv_i4_q8.restype = ctypes.c_int
     lib.rms_norm_rows.argtypes = [p, p, p, i64, i64, ctypes.c_float]
     lib.rms_norm_rows.restype = None
     lib.decode_step.argtypes = [p, p, p, p, i64, p, p, i32]
@@ -299,6 +301,29 @@ def gemv_int4(x: torch.Tensor, layout: Int4Layout, *, threads: int | None = None
     return run_int4(x, layout, _threads(threads))
 
 
+def gemv_int4_q8(x: torch.Tensor, layout: Int4Layout, *, threads: int | None = None) -> torch.Tensor:
+    """``gemv_int4`` with the activations rounded to int8 per block of 32 first (llama.cpp's Q8 blocks), then
+    nibbles times bytes four at a time (AVX-512 VNNI; a plain C loop elsewhere). The weight's in-features
+    must be a multiple of 128. What the rounding costs: ``gemv_roof``'s error row, and chapter 02-2."""
+    if not isinstance(layout, Int4Layout):
+        raise ValueError(f"layout must be an Int4Layout (see int4_layout), got {type(layout).__name__}")
+    n, k = layout.shape
+    if k % 128:
+        raise ValueError(f"gemv_int4_q8 needs in-features that are a multiple of 128, got {k}")
+    _check_x(x, k)
+    _lib()
+    return run_int4_q8(x, layout, _threads(threads))
+
+
+def vnni() -> bool:
+    """Whether gemv_int4_q8 runs its vector path here (AVX-512 VNNI), not the plain C loop."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_vnni" in flags and " avx512bw" in flags
+
+
 # The unchecked calls the layers make once they have checked their own shapes (engine.layers.SkinnyLinear,
 # compression.linear.WeightOnlyLinear): x (rows, in) fp32 contiguous on the CPU, rows <= MAX_ROWS.
 def run_f32(x: torch.Tensor, w: torch.Tensor, threads: int) -> torch.Tensor:
@@ -343,6 +368,18 @@ def run_int4(x: torch.Tensor, layout: Int4Layout, threads: int) -> torch.Tensor:
     return y
 
 
+def run_int4_q8(x: torch.Tensor, layout: Int4Layout, threads: int) -> torch.Tensor:
+    (m, k), n = x.shape, layout.packed.shape[0]
+    y = torch.empty(m, n)
+    rc = _state["lib"].gemv_i4_q8(
+        x.data_ptr(), layout.packed.data_ptr(), layout.s.data_ptr(), layout.c.data_ptr(), y.data_ptr(),
+        m, n, k, layout.group_size, threads,
+    )  # fmt: skip
+    if rc != 0:
+        raise MemoryError(f"gemv_int4_q8: could not allocate the scratch of {m} rows of {k} inputs")
+    return y
+
+
 __all__ = [
     "INT4_GROUP_MULTIPLE",
     "Int4Layout",
@@ -352,12 +389,15 @@ __all__ = [
     "gemv_f32",
     "gemv_f32_op",
     "gemv_int4",
+    "gemv_int4_q8",
     "gemv_int8",
     "int4_layout",
     "library",
     "library_path",
     "rms_norm",
+    "vnni",
     "run_f32",
+    "run_int4_q8",
     "run_rms_norm",
     "run_int4",
     "run_int8",

@@ -87,7 +87,44 @@ static inline float hsum(f32x8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v
     }
 
 DOT_BLOCK(float, ld)
+#if defined(__AVX512F__)
+/* int8 on AVX-512: 16 weights widened per instruction pair, half the AVX2 path's instructions (fp32 reads its
+   weight at the roof with 8 lanes; int8 was bound by the widening on a 2-core Sapphire Rapids VM). */
+static inline __m512 ld16_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+static inline void dot4_int8_t(const float *x, const int8_t *w, int64_t K, float *s) {
+    const int8_t *w0 = w, *w1 = w + K, *w2 = w + 2 * K, *w3 = w + 3 * K;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        if (!(k & 63)) {
+            PREFETCH(w3 + PFK + k); PREFETCH(w3 + PFK + K + k); PREFETCH(w3 + PFK + 2 * K + k); PREFETCH(w3 + PFK + 3 * K + k);
+        }
+        const __m512 xv = _mm512_loadu_ps(x + k);
+        a0 = _mm512_fmadd_ps(ld16_i8(w0 + k), xv, a0);
+        a1 = _mm512_fmadd_ps(ld16_i8(w1 + k), xv, a1);
+        a2 = _mm512_fmadd_ps(ld16_i8(w2 + k), xv, a2);
+        a3 = _mm512_fmadd_ps(ld16_i8(w3 + k), xv, a3);
+    }
+    float s0 = _mm512_reduce_add_ps(a0), s1 = _mm512_reduce_add_ps(a1), s2 = _mm512_reduce_add_ps(a2),
+          s3 = _mm512_reduce_add_ps(a3);
+    for (; k < K; k++) {
+        s0 += w0[k] * x[k]; s1 += w1[k] * x[k]; s2 += w2[k] * x[k]; s3 += w3[k] * x[k];
+    }
+    s[0] = s0; s[1] = s1; s[2] = s2; s[3] = s3;
+}
+static inline float dot1_int8_t(const float *x, const int8_t *w, int64_t K) {
+    __m512 a = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) a = _mm512_fmadd_ps(ld16_i8(w + k), _mm512_loadu_ps(x + k), a);
+    float s = _mm512_reduce_add_ps(a);
+    for (; k < K; k++) s += w[k] * x[k];
+    return s;
+}
+#else
 DOT_BLOCK(int8_t, ld8)
+#endif
 
 /* fp32 weights (N, K), row-major; scale: NULL, or one fp32 factor per output row (int8 below). */
 #define GEMV(T)                                                                                                \
@@ -317,6 +354,108 @@ int gemv_i4(const float *x, const uint8_t *packed, const _Float16 *s, const _Flo
             const float *xe = scratch + m * (K + G), *xo = xe + half, *xg = xo + half;
             y[m * N + n] = i4_row(xe, xo, xg, pr, sr, cr, G, gs);
         }
+    }
+    free(scratch);
+    return 0;
+}
+
+/* int4 weights against activations rounded to int8: llama.cpp's trade (its Q4_1 x Q8_1 dot), kept beside the
+   fp32-activation kernel so the course can show what it buys and what it costs.
+
+   Each input row is rounded per block of 32 to q = round(x / d), d = max|x| / 127 (llama.cpp's Q8 blocks);
+   then a byte of 4 unsigned nibbles times 4 signed bytes of q is one lane of one instruction (AVX-512
+   VNNI's vpdpbusd: 64 products per instruction, where the fp32 path widens and multiplies 16). Per 128
+   weights (64 packed bytes): the low nibbles are the even weights and the high ones the odd weights, so
+   the inputs are laid out as q of the even elements, then of the odd ones (64 bytes each); dword lane j
+   then sums u.q over weights 8j .. 8j+7, which lie in one group and one activation block. The lanes become
+   floats and take s_g d_b in one multiply-add. The offsets use the exact fp32 sums of x per group, as the
+   fp32 path does: only the u.x part sees the rounding. Without AVX-512 VNNI a plain C loop runs (correct,
+   slow; llama.cpp uses vpmaddubsw on AVX2). gs a multiple of 32. */
+#define Q8_BLOCK 32
+/* The prepared row: per 128 inputs 64 bytes of q (even elements) and 64 (odd); per 128 inputs 16 floats,
+   lane j's activation scale d; then the per-group fp32 sums xg (G floats). In floats: K/4 + K/8 + G. */
+static inline int64_t i4q8_prep_floats(int64_t K, int64_t gs) { return K / 4 + K / 8 + K / gs; }
+
+static void i4q8_prepare(const float *xm, int64_t K, int64_t gs, float *out) {
+    int8_t *q = (int8_t *)out;
+    float *dl = out + K / 4, *xg = dl + K / 8;
+    const int64_t G = K / gs;
+    for (int64_t b = 0; b < K; b += 128) {
+        float d[4];
+        int8_t qb[128];
+        for (int64_t i = 0; i < 4; i++) { /* four blocks of 32 */
+            float amax = 0.f;
+            for (int64_t k = 0; k < Q8_BLOCK; k++) amax = fmaxf(amax, fabsf(xm[b + 32 * i + k]));
+            d[i] = amax / 127.f;
+            const float inv = amax > 0.f ? 127.f / amax : 0.f;
+            for (int64_t k = 0; k < Q8_BLOCK; k++) qb[32 * i + k] = (int8_t)lrintf(xm[b + 32 * i + k] * inv);
+        }
+        for (int64_t i = 0; i < 64; i++) { q[b + i] = qb[2 * i]; q[b + 64 + i] = qb[2 * i + 1]; }
+        for (int64_t j = 0; j < 16; j++) dl[b / 8 + j] = d[j / 4];
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float t = 0.f;
+        for (int64_t k = g * gs; k < (g + 1) * gs; k++) t += xm[k];
+        xg[g] = t;
+    }
+}
+
+static inline float i4q8_row(const float *prep, const uint8_t *pr, const _Float16 *sr, const _Float16 *cr, int64_t K,
+                             int64_t gs) {
+    const int8_t *q = (const int8_t *)prep;
+    const float *dl = prep + K / 4, *xg = dl + K / 8;
+    const int64_t G = K / gs;
+    float off = 0.f;
+    for (int64_t g = 0; g < G; g++) off += (float)cr[g] * xg[g];
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    const int64_t per = gs < 128 ? 128 / gs : 1;
+    __m512i sidx = _mm512_setzero_si512();
+    if (gs < 128) sidx = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), gs == 32 ? 2 : 3);
+    const __m512i low4 = _mm512_set1_epi8(15);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t b = 0; b < K / 128; b++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(pr + 64 * b));
+        const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512((const void *)(q + 128 * b)));
+        t = _mm512_dpbusd_epi32(t, hi, _mm512_loadu_si512((const void *)(q + 128 * b + 64)));
+        const int64_t g0 = (128 * b) / gs;
+        const __m128i sh = _mm_maskz_loadu_epi16((__mmask8)((1u << per) - 1), sr + g0);
+        const __m512 sv = _mm512_permutexvar_ps(sidx, _mm512_castps256_ps512(_mm256_cvtph_ps(sh)));
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(t), _mm512_loadu_ps(dl + 16 * b));
+        if (b & 1) acc1 = _mm512_fmadd_ps(f, sv, acc1);
+        else acc0 = _mm512_fmadd_ps(f, sv, acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + off;
+#else
+    float acc = 0.f;
+    for (int64_t b = 0; b < K / 128; b++)
+        for (int64_t j = 0; j < 16; j++) {
+            int32_t t = 0;
+            for (int64_t i = 0; i < 4; i++) {
+                const uint8_t byte = pr[64 * b + 4 * j + i];
+                t += (byte & 15) * q[128 * b + 4 * j + i] + (byte >> 4) * q[128 * b + 64 + 4 * j + i];
+            }
+            acc += (float)t * dl[16 * b + j] * (float)sr[(128 * b + 8 * j) / gs];
+        }
+    return acc + off;
+#endif
+}
+
+/* gemv_i4's weights and call, activations rounded to int8 per block of 32 (above). K a multiple of 128.
+   Returns 0, -1 when the scratch cannot be allocated, -2 when K is not a multiple of 128. */
+int gemv_i4_q8(const float *x, const uint8_t *packed, const _Float16 *s, const _Float16 *c, float *y, int64_t M,
+               int64_t N, int64_t K, int64_t gs, int threads) {
+    if (K % 128) return -2;
+    const int64_t G = K / gs, half = K / 2, P = i4q8_prep_floats(K, gs);
+    float *scratch = malloc(sizeof(float) * M * P);
+    if (!scratch) return -1;
+    for (int64_t m = 0; m < M; m++) i4q8_prepare(x + m * K, K, gs, scratch + m * P);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *pr = packed + n * half;
+        if (n + 1 < N)
+            for (int64_t off = 0; off < half; off += 64) PREFETCH(pr + half + off);
+        for (int64_t m = 0; m < M; m++) y[m * N + n] = i4q8_row(scratch + m * P, pr, s + n * G, c + n * G, K, gs);
     }
     free(scratch);
     return 0;
