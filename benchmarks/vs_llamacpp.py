@@ -15,6 +15,8 @@ The peer a learner would pick for CPU inference is llama.cpp. Both sides run the
   kernel itself rounds them (to Q8_K blocks);
 - int4: llama.cpp's Q4_1 file itself vs the engine with the Q4_1 blocks imported bit-exact
   (``gguf_int4.quantize_engine_gguf``, the course's GEMV with fp32 activations) and the LM head in int8;
+- int4-q8: the same Q4_1 file vs the same engine with its activations rounded to int8 per block of 32
+  before each int4 product (``path="gemv-q8"``, ``kernels.cpu_gemv.gemv_int4_q8``), llama.cpp's own trade;
 - ``--model tiny-target``: the course's 5M model in fp32 only, written for llama.cpp by ``models.gguf_export``
   (its byte-level BPE vocabulary and the q/k rotary permutation, checked token for token in its tests);
 - prefill: ``--prefill`` prompt tokens in one call (llama.cpp's ``n_batch`` = the prompt) vs one engine step.
@@ -27,6 +29,12 @@ token plus a greedy argmax over its logits (read from the context, as the bindin
 issue's goals beside them (fp32 ≥ 0.9×, int8 and int4 ≥ 0.8×, prefill ≥ 1.0×), and writes JSON with the
 machine and versions. llama.cpp comes from ``pip install llama-cpp-python`` (built from source on the
 registry: minutes on 2 cores; the ``llamacpp`` extra); without it the script says so and exits 0.
+On a VM whose CPU advertises AMX (an Intel Sapphire Rapids guest), a native build of llama-cpp-python
+0.3.36 died with SIGILL on ``tilezero`` in its AMX Q8_0 path (a 64-token prompt); build it without AMX:
+``CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
+-DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF
+-DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pip install --force-reinstall --no-deps llama-cpp-python==0.3.36``
+(its batch-1 decode does not use AMX; its prefill would).
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODEL = "smollm2-135m-instruct"
 MODELS = (MODEL, "tiny-target")
-GOALS = {"fp32": 0.9, "int8": 0.8, "int8-dyn": 0.8, "int4": 0.8, "prefill fp32": 1.0}
+GOALS = {"fp32": 0.9, "int8": 0.8, "int8-dyn": 0.8, "int4": 0.8, "int4-q8": 0.8, "prefill fp32": 1.0}
 TINY_GOAL = 0.4  # issue 21: tiny-target at >= 0.4x llama.cpp
 PROMPT = "The three most useful things to know about the Python standard library are"
 
@@ -57,7 +65,7 @@ def _parse(argv=None):
     p.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill timing")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
-        "--formats", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int8-dyn", "int4"]
+        "--formats", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int8-dyn", "int4", "int4-q8"]
     )
     p.add_argument(
         "--fp32-linear",
@@ -102,7 +110,7 @@ def llama_files(cache: Path, formats, model: str = MODEL) -> dict[str, Path]:
         print(f"writing {dst} (F32) from the course checkpoint ...", flush=True)
         return {"fp32": export_llama(embedded_dir(model), dst)}
     src = gguf_file(MODEL)
-    files = {"int4": src}
+    files = {"int4": src, "int4-q8": src}
     for fmt, target in (("fp32", "F32"), ("int8", "Q8_0"), ("int8-dyn", "Q8_0")):
         if fmt in formats:
             dst = cache / f"smollm2-135m-instruct.{target}.gguf"
@@ -186,9 +194,11 @@ def engine_for(fmt: str, prefill: int, model: str = MODEL, decode: str = "eager"
             if fmt == "int8-dyn":
                 return eng, "int8 per channel x int8 activations (fbgemm quantized.linear_dynamic), head int8"
             return eng, f"int8 per channel ({kernel_name(eng.model.lm_head)}), head int8"
-        quantize_engine_gguf(eng, gguf_file(MODEL))
+        quantize_engine_gguf(eng, gguf_file(MODEL), path_choice="gemv-q8" if fmt == "int4-q8" else "auto")
         head = eng.model.lm_head
         eng.model.set_linear("lm_head", WeightOnlyLinear(quantize_chunked(head.weight, INT8)))
+        if fmt == "int4-q8":
+            return eng, "Q4_1 imported bit-exact x int8 activations per 32 (cpu_gemv.gemv_int4_q8), head int8"
         return eng, f"Q4_1 imported bit-exact ({kernel_name(eng.model.layers[0].gate_up)}), head int8"
 
 

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -454,7 +454,12 @@ plt.show()
 # each activation block to 8 bits before integer dot products): fbgemm's dynamic int8 linear
 # (`WeightOnlyLinear(..., path="dynamic")`, opt-in) multiplies integers on the same int8 bytes; compare
 # its GB/s and its printed error with the `int8` row's. (Without VNNI it rounds to 7 bits: its 16-bit
-# pair sums would saturate at 8, `compression.linear.dynamic_reduce_range`.)
+# pair sums would saturate at 8, `compression.linear.dynamic_reduce_range`.) The `int4-q8` row makes the
+# same trade on the course's own int4 kernel (`cpu_gemv.gemv_int4_q8`, opt-in `path="gemv-q8"`):
+# activations rounded to int8 per block of 32, as llama.cpp's Q8 blocks, then four nibbles times four
+# bytes per lane of one AVX-512 VNNI instruction, 64 products where the fp32 path widens and multiplies
+# 16 (without VNNI a plain C loop runs it, correct and slow). Its row against the `int4` row is what
+# the rounding buys here; its printed error is what it costs.
 # On a shared machine this run's GB/s fall with the load (printed beside them); the recorded rows
 # carry their own load average.
 

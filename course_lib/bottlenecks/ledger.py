@@ -75,7 +75,7 @@ def _gpu_step_ms(d):
 
 
 LLAMA_CMD = (
-    "python benchmarks/vs_llamacpp.py --formats fp32 int8 int8-dyn int4 --tokens 32 --repeats 3 --json data/measurements/"
+    "python benchmarks/vs_llamacpp.py --formats fp32 int8 int8-dyn int4 int4-q8 --tokens 32 --repeats 3 --json data/measurements/"
     + LLAMA
 )
 GOALS = (
@@ -89,6 +89,13 @@ GOALS = (
         0.8,
     ),
     Goal("SmolLM2 int4 decode, engine ÷ llama.cpp Q4_1", LLAMA, _llama_row("int4", "ratio"), LLAMA_CMD, 0.8),
+    Goal(
+        "SmolLM2 int4 decode, int8 activations per 32 (gemv-q8) ÷ llama.cpp Q4_1",
+        LLAMA,
+        _llama_row("int4-q8", "ratio"),
+        LLAMA_CMD,
+        0.8,
+    ),
     Goal("SmolLM2 fp32 prefill, engine ÷ llama.cpp", LLAMA, _llama_row("fp32", "prefill_ratio"), LLAMA_CMD, 1.0),
     Goal(
         "tiny-target batch-1 decode, engine ÷ HF generate",

@@ -270,6 +270,7 @@ RECORDED_FORMATS = {
     "int8": ("int8", "int8", "q8_0"),
     "int8-dyn": ("int8", "int8", "q8_0"),  # the same bytes: int8 weights, activations rounded to int8 per call
     "int4": ("int4", "int8", "q4_1"),
+    "int4-q8": ("int4", "int8", "q4_1"),  # the same bytes: activations rounded to int8 per 32 (gemv-q8)
 }
 
 

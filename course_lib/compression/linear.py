@@ -98,9 +98,9 @@ def gemv_supports(qw: QuantizedWeight) -> bool:
 
 def gemv_q8_supports(qw: QuantizedWeight) -> bool:
     """Whether ``path="gemv-q8"`` takes this weight: int4 in groups of a multiple of 32 with in-features a
-    multiple of 128, on a CPU where ``kernels.cpu_gemv`` is built (its ``gemv_int4_q8``: activations rounded
+    multiple of 64, on a CPU where ``kernels.cpu_gemv`` is built (its ``gemv_int4_q8``: activations rounded
     to int8 per block of 32, llama.cpp's trade; never chosen by ``auto``)."""
-    return qw.config.bits == 4 and qw.shape[1] % 128 == 0 and gemv_supports(qw)
+    return qw.config.bits == 4 and qw.shape[1] % 64 == 0 and gemv_supports(qw)
 
 
 def triton_supports(qw: QuantizedWeight) -> bool:
@@ -167,7 +167,7 @@ class WeightOnlyLinear(Linear):
             )
         if path == "gemv-q8" and not gemv_q8_supports(self.qw):
             raise ValueError(
-                "path='gemv-q8' needs int4 groups of a multiple of 32, in-features a multiple of 128 and "
+                "path='gemv-q8' needs int4 groups of a multiple of 32, in-features a multiple of 64 and "
                 f"kernels.cpu_gemv built; got {self.qw.config.name} for a {tuple(self.qw.shape)} weight"
             )
         if path == "dynamic" and not dynamic_supports(self.qw):

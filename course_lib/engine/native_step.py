@@ -27,7 +27,7 @@ import torch
 from course_lib.kernels import cpu_gemv
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-KIND_F32, KIND_INT8, KIND_INT4 = 0, 1, 2
+KIND_F32, KIND_INT8, KIND_INT4, KIND_INT4_Q8 = 0, 1, 2, 3  # step.c's lin_t kinds
 
 
 class _Lin(ctypes.Structure):
@@ -72,7 +72,7 @@ def describe_linear(name: str, lin, keep: list) -> _Lin:
             raise Unsupported(f"{name}.weight must be 2-D, is {tuple(w.shape)}")
         keep += [w, bias]
         return _Lin(KIND_F32, w.shape[0], w.shape[1], 0, w.data_ptr(), 0, 0, b)
-    if isinstance(lin, WeightOnlyLinear) and lin.path == "gemv":
+    if isinstance(lin, WeightOnlyLinear) and lin.path in ("gemv", "gemv-q8"):
         if lin._gemv is None:
             lin._gemv = lin._prepare_gemv()
         g = lin._gemv
@@ -81,11 +81,12 @@ def describe_linear(name: str, lin, keep: list) -> _Lin:
         if lin.qw.config.bits == 8:
             q, scale = g
             return _Lin(KIND_INT8, N, K, 0, q.data_ptr(), scale.data_ptr(), 0, b)
-        return _Lin(KIND_INT4, N, K, g.group_size, g.packed.data_ptr(), g.s.data_ptr(), g.c.data_ptr(), b)
+        kind = KIND_INT4_Q8 if lin.path == "gemv-q8" else KIND_INT4  # gemv-q8: activations rounded to int8
+        return _Lin(kind, N, K, g.group_size, g.packed.data_ptr(), g.s.data_ptr(), g.c.data_ptr(), b)
     path = f" on path {lin.path!r}" if isinstance(lin, WeightOnlyLinear) else ""
     raise Unsupported(
         f"{name} is a {type(lin).__name__}{path}; the C step takes fp32 Linear/SkinnyLinear weights or a "
-        f"WeightOnlyLinear on the 'gemv' path"
+        f"WeightOnlyLinear on the 'gemv' or 'gemv-q8' path"
     )
 
 

@@ -304,12 +304,12 @@ def gemv_int4(x: torch.Tensor, layout: Int4Layout, *, threads: int | None = None
 def gemv_int4_q8(x: torch.Tensor, layout: Int4Layout, *, threads: int | None = None) -> torch.Tensor:
     """``gemv_int4`` with the activations rounded to int8 per block of 32 first (llama.cpp's Q8 blocks), then
     nibbles times bytes four at a time (AVX-512 VNNI; a plain C loop elsewhere). The weight's in-features
-    must be a multiple of 128. What the rounding costs: ``gemv_roof``'s error row, and chapter 02-2."""
+    must be a multiple of 64. What the rounding costs: ``gemv_roof``'s error row, and chapter 02-2."""
     if not isinstance(layout, Int4Layout):
         raise ValueError(f"layout must be an Int4Layout (see int4_layout), got {type(layout).__name__}")
     n, k = layout.shape
-    if k % 128:
-        raise ValueError(f"gemv_int4_q8 needs in-features that are a multiple of 128, got {k}")
+    if k % 64:
+        raise ValueError(f"gemv_int4_q8 needs in-features that are a multiple of 64, got {k}")
     _check_x(x, k)
     _lib()
     return run_int4_q8(x, layout, _threads(threads))

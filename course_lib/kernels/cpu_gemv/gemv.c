@@ -372,26 +372,28 @@ int gemv_i4(const float *x, const uint8_t *packed, const _Float16 *s, const _Flo
    fp32 path does: only the u.x part sees the rounding. Without AVX-512 VNNI a plain C loop runs (correct,
    slow; llama.cpp uses vpmaddubsw on AVX2). gs a multiple of 32. */
 #define Q8_BLOCK 32
-/* The prepared row: per 128 inputs 64 bytes of q (even elements) and 64 (odd); per 128 inputs 16 floats,
-   lane j's activation scale d; then the per-group fp32 sums xg (G floats). In floats: K/4 + K/8 + G. */
+/* The prepared row: per 128 inputs 64 bytes of q (even elements) and 64 (odd), and where K is not a
+   multiple of 128, the last 64 as 32 and 32; per 8 inputs one float, the activation scale d of the lane
+   that sums them; then the per-group fp32 sums xg (G floats). In floats: K/4 + K/8 + G. */
 static inline int64_t i4q8_prep_floats(int64_t K, int64_t gs) { return K / 4 + K / 8 + K / gs; }
 
 static void i4q8_prepare(const float *xm, int64_t K, int64_t gs, float *out) {
     int8_t *q = (int8_t *)out;
     float *dl = out + K / 4, *xg = dl + K / 8;
     const int64_t G = K / gs;
-    for (int64_t b = 0; b < K; b += 128) {
+    for (int64_t b = 0; b < K; b += 128) { /* a chunk of 128 inputs, or the last 64 */
+        const int64_t n = K - b < 128 ? 64 : 128, half = n / 2;
         float d[4];
         int8_t qb[128];
-        for (int64_t i = 0; i < 4; i++) { /* four blocks of 32 */
+        for (int64_t i = 0; i < n / Q8_BLOCK; i++) {
             float amax = 0.f;
             for (int64_t k = 0; k < Q8_BLOCK; k++) amax = fmaxf(amax, fabsf(xm[b + 32 * i + k]));
             d[i] = amax / 127.f;
             const float inv = amax > 0.f ? 127.f / amax : 0.f;
             for (int64_t k = 0; k < Q8_BLOCK; k++) qb[32 * i + k] = (int8_t)lrintf(xm[b + 32 * i + k] * inv);
         }
-        for (int64_t i = 0; i < 64; i++) { q[b + i] = qb[2 * i]; q[b + 64 + i] = qb[2 * i + 1]; }
-        for (int64_t j = 0; j < 16; j++) dl[b / 8 + j] = d[j / 4];
+        for (int64_t i = 0; i < half; i++) { q[b + i] = qb[2 * i]; q[b + half + i] = qb[2 * i + 1]; }
+        for (int64_t j = 0; j < n / 8; j++) dl[b / 8 + j] = d[j / 4];
     }
     for (int64_t g = 0; g < G; g++) {
         float t = 0.f;
@@ -425,27 +427,41 @@ static inline float i4q8_row(const float *prep, const uint8_t *pr, const _Float1
         if (b & 1) acc1 = _mm512_fmadd_ps(f, sv, acc1);
         else acc0 = _mm512_fmadd_ps(f, sv, acc0);
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + off;
+    float tail = 0.f;
+    if (K % 128) { /* the last 64 inputs: the same in 256-bit registers, 8 lanes */
+        const int64_t k0 = K - 64;
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(pr + k0 / 2)), low = _mm256_set1_epi8(15);
+        const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        __m256i t = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, _mm256_loadu_si256((const __m256i *)(q + k0)));
+        t = _mm256_dpbusd_epi32(t, hi, _mm256_loadu_si256((const __m256i *)(q + k0 + 32)));
+        const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(t), _mm256_loadu_ps(dl + k0 / 8));
+        float fl[8];
+        _mm256_storeu_ps(fl, f);
+        for (int64_t j = 0; j < 8; j++) tail += fl[j] * (float)sr[(k0 + 8 * j) / gs];
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + tail + off;
 #else
     float acc = 0.f;
-    for (int64_t b = 0; b < K / 128; b++)
-        for (int64_t j = 0; j < 16; j++) {
+    for (int64_t b = 0; b < K; b += 128) {
+        const int64_t half = K - b < 128 ? 32 : 64;
+        for (int64_t j = 0; j < half / 4; j++) {
             int32_t t = 0;
             for (int64_t i = 0; i < 4; i++) {
-                const uint8_t byte = pr[64 * b + 4 * j + i];
-                t += (byte & 15) * q[128 * b + 4 * j + i] + (byte >> 4) * q[128 * b + 64 + 4 * j + i];
+                const uint8_t byte = pr[b / 2 + 4 * j + i];
+                t += (byte & 15) * q[b + 4 * j + i] + (byte >> 4) * q[b + half + 4 * j + i];
             }
-            acc += (float)t * dl[16 * b + j] * (float)sr[(128 * b + 8 * j) / gs];
+            acc += (float)t * dl[b / 8 + j] * (float)sr[(b + 8 * j) / gs];
         }
+    }
     return acc + off;
 #endif
 }
 
-/* gemv_i4's weights and call, activations rounded to int8 per block of 32 (above). K a multiple of 128.
-   Returns 0, -1 when the scratch cannot be allocated, -2 when K is not a multiple of 128. */
+/* gemv_i4's weights and call, activations rounded to int8 per block of 32 (above). K a multiple of 64.
+   Returns 0, -1 when the scratch cannot be allocated, -2 when K is not a multiple of 64. */
 int gemv_i4_q8(const float *x, const uint8_t *packed, const _Float16 *s, const _Float16 *c, float *y, int64_t M,
                int64_t N, int64_t K, int64_t gs, int threads) {
-    if (K % 128) return -2;
+    if (K % 64) return -2;
     const int64_t G = K / gs, half = K / 2, P = i4q8_prep_floats(K, gs);
     float *scratch = malloc(sizeof(float) * M * P);
     if (!scratch) return -1;

@@ -17,7 +17,8 @@
 #include "gemv.c"
 
 /* One product y = x W^T (* scale) + bias. kind 0: fp32 W (N, K); 1: int8 W (N, K) and an fp32 scale per row;
-   2: int4 (gemv_i4's layout: packed (N, K/2), fp16 s and c (N, K/gs)). */
+   2: int4 (gemv_i4's layout: packed (N, K/2), fp16 s and c (N, K/gs)); 3: the same int4 with the
+   activations rounded to int8 per block of 32 (gemv_i4_q8, K a multiple of 64). */
 typedef struct {
     int64_t kind, N, K, gs;
     const void *w, *s, *c;
@@ -43,6 +44,25 @@ typedef struct {
 static void lin_run(const lin_t *L, const float *x, float *y, int64_t M, int acc, float *scr) {
     const int64_t N = L->N, K = L->K;
     const float *bias = L->bias;
+    if (L->kind == 3) { /* int4, activations rounded to int8 per block of 32 (gemv_i4_q8) */
+        const int64_t gs = L->gs, G = K / gs, half = K / 2, P = i4q8_prep_floats(K, gs);
+        const uint8_t *packed = L->w;
+        const _Float16 *s = L->s, *c = L->c;
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) i4q8_prepare(x + m * K, K, gs, scr + m * P);
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            const uint8_t *pr = packed + n * half;
+            if (n + 1 < N)
+                for (int64_t off = 0; off < half; off += 64) PREFETCH(pr + half + off);
+            for (int64_t m = 0; m < M; m++) {
+                float r = i4q8_row(scr + m * P, pr, s + n * G, c + n * G, K, gs);
+                if (bias) r += bias[n];
+                y[m * N + n] = acc ? y[m * N + n] + r : r;
+            }
+        }
+        return;
+    }
     if (L->kind == 2) {
         const int64_t gs = L->gs, G = K / gs, half = K / 2;
         const uint8_t *packed = L->w;
