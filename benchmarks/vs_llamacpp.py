@@ -65,7 +65,10 @@ def _parse(argv=None):
     p.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill timing")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
-        "--formats", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int8-dyn", "int4", "int4-q8"]
+        "--formats",
+        nargs="+",
+        default=["fp32", "int8", "int4"],
+        choices=["fp32", "int8", "int8-dyn", "int4", "int4-q8"],
     )
     p.add_argument(
         "--fp32-linear",
