@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -285,10 +285,7 @@ for cost in (costs.copy_cost(1), costs.triad_cost(1)):
 n_bytes = microbench.default_array_bytes()
 llc = device.cache_bytes
 if llc:
-    print(
-        f"array size: {n_bytes / 2**20:.0f} MiB each = {n_bytes / llc:.0f}x the last-level cache "
-        f"({llc / 2**20:.0f} MiB), so every pass goes to main memory"
-    )
+    print(f"array size: {n_bytes / 2**20:.0f} MiB each; a triad's three arrays =", hardware.cache_regime(3 * n_bytes))
 else:
     print(
         f"array size: {n_bytes / 2**20:.0f} MiB each (last-level cache size unknown here: large enough for most CPUs)"

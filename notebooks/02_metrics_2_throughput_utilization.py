@@ -372,7 +372,7 @@ not_the_goal = utilization_checks.low_mfu_can_be_optimal(
 # channel and int4 asymmetric in groups of 32 (llama.cpp's Q4_1 layout) on the course's GEMV (what the
 # engine picks where it is built) and on torch's packed kernels (`aten._weight_int8pack_mm`,
 # `aten._weight_int4pack_mm_for_cpu`: the `bf16` rows, which round the activations to bf16). Each cycles
-# through copies until a pass reads 4× the LLC, so no format is served from the cache. It divides by a
+# through copies until a pass reads 2× the LLC (4× in full mode), so no format is served from the cache. It divides by a
 # STREAM triad timed just before, with the same threads and under the same load, and prints the roof the
 # MBU above divides by beside it. (Where no C compiler is found, the course's rows are left out and the
 # engine keeps to torch's kernels.)
@@ -387,18 +387,19 @@ my_fp32_fraction = None  # e.g. 0.8
 # %%
 # NBVAL_IGNORE_OUTPUT
 LLC = hardware.detect_device().cache_bytes or 32 * 2**20
+WS = microbench.working_set_bytes()  # 2x the LLC in quick mode, 4x in full, within a quarter of free memory
 g_n = course_lib.pick(2048, 4096)
 if CUDA:
     roof = []
     print("these are the CPU kernels; a GPU run skips them (chapter 03 times the GPU ones)")
 else:
-    triad = microbench.measure_bandwidth("triad", n_bytes=2 * LLC, repeats=course_lib.pick(4, 8))
+    triad = microbench.measure_bandwidth("triad", repeats=course_lib.pick(4, 8))  # arrays past the LLC
     stream_now = triad.rate(triad.bytes, best=True) / 1e9  # same threads, same load as the products
     roof = gemv_roof.gemv_roof(
-        g_n, g_n, stream_gbps=stream_now, rows=(1, 4), working_set=4 * LLC, repeats=course_lib.pick(3, 5)
+        g_n, g_n, stream_gbps=stream_now, rows=(1, 4), working_set=WS, repeats=course_lib.pick(3, 5)
     )
     print(
-        f"{g_n} x {g_n} weight; each format cycles through >= {4 * LLC / 2**20:.0f} MiB; "
+        f"{g_n} x {g_n} weight; each format cycles through >= {WS / 2**20:.0f} MiB = {WS / LLC:.1f}x the LLC; "
         f"{torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}"
     )
     print(f"STREAM triad now, same threads: {stream_now:.1f} GB/s (the roof of section 1: {BW / 1e9:.1f} GB/s)")

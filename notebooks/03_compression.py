@@ -242,7 +242,8 @@ my_int4_speedup = None  # e.g. 8.0
 # *Which memory serves the bytes?* An int4 copy of a 4096 × 4096 matrix is a few MB, less than a server
 # CPU's last-level cache (the table computes the ratio for this one), and timing one copy again and
 # again would measure the cache, not DRAM. So each format cycles through
-# enough copies of its weight to read at least 4× the LLC per round (`working_set`), and the table says
+# enough copies of its weight to read 2× the LLC per round in quick mode, 4× in full mode
+# (`microbench.working_set_bytes()`, `working_set`: within a quarter of the free memory), and the table says
 # how many copies that took and what one copy alone, cache-resident where it fits, takes ("hot"):
 
 # %%
@@ -251,7 +252,14 @@ N = course_lib.pick(4096, 8192)
 llc = hardware.detect_device().cache_bytes or 32 * 2**20  # 32 MiB if the CPU does not say
 speed_configs = [QuantConfig(8, True, "channel"), QuantConfig(4, False, "group", 128)]
 rows = apply.gemv_speed(
-    N, N, speed_configs, batch=1, repeats=course_lib.pick(20, 50), device=DEV, bf16=True, working_set=4 * llc
+    N,
+    N,
+    speed_configs,
+    batch=1,
+    repeats=course_lib.pick(20, 50),
+    device=DEV,
+    bf16=True,
+    working_set=microbench.working_set_bytes(),
 )
 base, r8, r4, r16 = rows
 print(f"{N} x {N} weight, batch 1; LLC {llc / 2**20:.0f} MiB; measured DRAM bandwidth {peaks.bandwidth / 1e9:.1f} GB/s")
@@ -310,7 +318,7 @@ int4_over_int8 = verdicts.int4_follows_bytes_over_int8(
 
 # %% [markdown]
 # *Name the regime first.* The "x LLC" column compares one copy with the last-level cache; the working
-# set is what the timed calls cycle through, 4× the cache or more in every format, so every row reads
+# set is what the timed calls cycle through, 2× the cache or more in every format, so every row reads
 # DRAM (the line under the table checks that no format streams faster than the measured bandwidth). The
 # "hot" column is the same product on one copy called again and again: for the copies that fit in the
 # LLC it is what a cache-served benchmark would have reported.

@@ -322,8 +322,22 @@ def test_cache_regime_is_computed_from_the_llc():
 
     mib = 2**20
     assert "streams them from DRAM" in cache_regime(540e6, 32 * mib) and "16.1x" in cache_regime(540e6, 32 * mib)
-    assert "most of each step's reads come from DRAM" in cache_regime(540e6, 300 * mib)  # 1.7x
+    assert "most of each pass's reads come from DRAM" in cache_regime(540e6, 300 * mib)  # 1.7x
     assert "can stay in the cache" in cache_regime(100e6, 300 * mib)  # int4 SmolLM2 on a 300 MiB LLC
     assert cache_regime(1.0, 0) == "last-level cache size unknown"
     with pytest.raises(ValueError, match="n_bytes must be a number >= 0"):
         cache_regime(-1, 32 * mib)
+
+
+def test_stream_arrays_and_working_sets_follow_the_llc_within_the_memory(monkeypatch):
+    """Quick mode: STREAM arrays of 1x the LLC (a triad's three span 3x), copies of 2x; full mode STREAM's
+    4x rule; never more than a share of the memory available (a 300 MiB LLC made 4 GB peaks)."""
+    mib = 2**20
+    big = device.DeviceInfo("cpu", "test CPU", 25.0, cache_bytes=300 * mib)
+    monkeypatch.setattr(microbench, "detect_device", lambda kind=None: big)
+    monkeypatch.setattr(microbench, "_memory_cap", lambda share: None)
+    for which, want in ((0, (300 * mib, 600 * mib)), (1, (1200 * mib, 1200 * mib))):
+        monkeypatch.setattr(microbench, "pick", lambda quick, full, w=which: (quick, full)[w])
+        assert (microbench.default_array_bytes("cpu"), microbench.working_set_bytes("cpu")) == want
+    monkeypatch.setattr(microbench, "_memory_cap", lambda share: int(share * 800 * mib))  # 800 MiB free
+    assert (microbench.default_array_bytes("cpu"), microbench.working_set_bytes("cpu")) == (100 * mib, 200 * mib)

@@ -8,7 +8,7 @@ hand-written ``kernels.cpu_gemv``) and the weight-only int8 (per channel) and in
 (``int8 bf16``/``int4 bf16``: activations rounded to bf16), ``int4-q8`` (the course's int4 kernel with
 activations rounded to int8 per block of 32 and multiplied four bytes at a time: llama.cpp's trade, opt-in
 ``path="gemv-q8"``) and ``int8-dyn`` (the opt-in ``path="dynamic"``, int8 activations too), each cycling through enough copies of its weight to read
-``working_set`` bytes (≥ 4× the LLC, so no format is served from the cache), and reports GB/s of weight
+``working_set`` bytes (2-4× the LLC, ``microbench.working_set_bytes``, so no format is served from the cache), and reports GB/s of weight
 bytes and the fraction of STREAM.
 ``bf16_activation_error`` measures what the int8/int4 CPU kernels' bf16 rounding of the activations
 costs against the fp32 reference. ``achieved_bandwidth`` turns recorded tokens/s (the engine and

@@ -31,12 +31,38 @@ def matmul_dtypes(device: str | None = None, *, info: DeviceInfo | None = None) 
     return ("fp16", "bf16", "fp32") if info.supports_bf16 else ("fp16", "fp32")
 
 
+def _memory_cap(share: float) -> int | None:
+    """``share`` of the memory available now (psutil), or None where it cannot be read."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available * share)
+    except Exception:  # noqa: BLE001  (no psutil, or no /proc): no cap
+        return None
+
+
 def default_array_bytes(device: str | None = None) -> int:
-    """STREAM array size: at least 4x the last-level cache so every pass goes to DRAM/HBM."""
+    """STREAM array size, so that a pass cannot be served from the last-level cache: in full mode STREAM's
+    own rule, each array at least 4x the LLC; in quick mode 1x (a triad's three arrays then span 3x the
+    LLC, and a cache keeps none of a cyclic read bigger than itself). On a CPU the arrays also stay within
+    an eighth of the memory available each: a 300 MiB LLC (a Sapphire Rapids VM) made 1.2 GB arrays, a
+    4 GB peak in chapter 00 (Binder has 1-2 GB)."""
     info = detect_device(resolve_kind(device))
     llc = info.cache_bytes or 32 * 2**20
     floor = pick(64 * 2**20, 256 * 2**20) if info.kind == "cpu" else pick(256 * 2**20, 2**30)
-    return max(4 * llc, floor)
+    want = max(pick(1, 4) * llc, floor)
+    cap = _memory_cap(1 / 8) if info.kind == "cpu" else None
+    return want if cap is None else max(16 * 2**20, min(want, cap))
+
+
+def working_set_bytes(device: str | None = None) -> int:
+    """Bytes a timing that cycles through copies of a weight should read per pass so that no copy is
+    still in the last-level cache when its turn comes back: 2x the LLC in quick mode, 4x in full mode,
+    at least 128 MiB, and on a CPU at most a quarter of the memory available."""
+    info = detect_device(resolve_kind(device))
+    want = max(pick(2, 4) * (info.cache_bytes or 32 * 2**20), 128 * 2**20)
+    cap = _memory_cap(1 / 4) if info.kind == "cpu" else None
+    return want if cap is None else max(64 * 2**20, min(want, cap))
 
 
 def measure_bandwidth(

@@ -356,28 +356,24 @@ def run_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return y
 
 
-def run_int4(x: torch.Tensor, layout: Int4Layout, threads: int) -> torch.Tensor:
+def _run_int4(fn: str, x: torch.Tensor, layout: Int4Layout, threads: int) -> torch.Tensor:
     (m, k), n = x.shape, layout.packed.shape[0]
     y = torch.empty(m, n)
-    rc = _state["lib"].gemv_i4(
+    rc = getattr(_state["lib"], fn)(
         x.data_ptr(), layout.packed.data_ptr(), layout.s.data_ptr(), layout.c.data_ptr(), y.data_ptr(),
         m, n, k, layout.group_size, threads,
     )  # fmt: skip
     if rc != 0:
-        raise MemoryError(f"gemv_int4: could not allocate {4 * m * (k + k // layout.group_size)} bytes of scratch")
+        raise MemoryError(f"{fn}: could not allocate the scratch of {m} rows of {k} inputs")
     return y
+
+
+def run_int4(x: torch.Tensor, layout: Int4Layout, threads: int) -> torch.Tensor:
+    return _run_int4("gemv_i4", x, layout, threads)
 
 
 def run_int4_q8(x: torch.Tensor, layout: Int4Layout, threads: int) -> torch.Tensor:
-    (m, k), n = x.shape, layout.packed.shape[0]
-    y = torch.empty(m, n)
-    rc = _state["lib"].gemv_i4_q8(
-        x.data_ptr(), layout.packed.data_ptr(), layout.s.data_ptr(), layout.c.data_ptr(), y.data_ptr(),
-        m, n, k, layout.group_size, threads,
-    )  # fmt: skip
-    if rc != 0:
-        raise MemoryError(f"gemv_int4_q8: could not allocate the scratch of {m} rows of {k} inputs")
-    return y
+    return _run_int4("gemv_i4_q8", x, layout, threads)
 
 
 __all__ = [

@@ -44,39 +44,25 @@ typedef struct {
 static void lin_run(const lin_t *L, const float *x, float *y, int64_t M, int acc, float *scr) {
     const int64_t N = L->N, K = L->K;
     const float *bias = L->bias;
-    if (L->kind == 3) { /* int4, activations rounded to int8 per block of 32 (gemv_i4_q8) */
-        const int64_t gs = L->gs, G = K / gs, half = K / 2, P = i4q8_prep_floats(K, gs);
+    if (L->kind == 2 || L->kind == 3) { /* int4; kind 3 rounds the activations to int8 per 32 (gemv_i4_q8) */
+        const int q8 = L->kind == 3;
+        const int64_t gs = L->gs, G = K / gs, half = K / 2, P = q8 ? i4q8_prep_floats(K, gs) : K + G;
         const uint8_t *packed = L->w;
         const _Float16 *s = L->s, *c = L->c;
 #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++) i4q8_prepare(x + m * K, K, gs, scr + m * P);
-#pragma omp for schedule(static)
-        for (int64_t n = 0; n < N; n++) {
-            const uint8_t *pr = packed + n * half;
-            if (n + 1 < N)
-                for (int64_t off = 0; off < half; off += 64) PREFETCH(pr + half + off);
-            for (int64_t m = 0; m < M; m++) {
-                float r = i4q8_row(scr + m * P, pr, s + n * G, c + n * G, K, gs);
-                if (bias) r += bias[n];
-                y[m * N + n] = acc ? y[m * N + n] + r : r;
-            }
+        for (int64_t m = 0; m < M; m++) {
+            if (q8) i4q8_prepare(x + m * K, K, gs, scr + m * P);
+            else i4_prepare(x + m * K, K, gs, scr + m * P);
         }
-        return;
-    }
-    if (L->kind == 2) {
-        const int64_t gs = L->gs, G = K / gs, half = K / 2;
-        const uint8_t *packed = L->w;
-        const _Float16 *s = L->s, *c = L->c;
-#pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++) i4_prepare(x + m * K, K, gs, scr + m * (K + G));
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; n++) {
             const uint8_t *pr = packed + n * half;
             if (n + 1 < N)
                 for (int64_t off = 0; off < half; off += 64) PREFETCH(pr + half + off);
             for (int64_t m = 0; m < M; m++) {
-                const float *xe = scr + m * (K + G), *xo = xe + half, *xg = xo + half;
-                float r = i4_row(xe, xo, xg, pr, s + n * G, c + n * G, G, gs);
+                const float *xm = scr + m * P;
+                float r = q8 ? i4q8_row(xm, pr, s + n * G, c + n * G, K, gs)
+                             : i4_row(xm, xm + half, xm + K, pr, s + n * G, c + n * G, G, gs);
                 if (bias) r += bias[n];
                 y[m * N + n] = acc ? y[m * N + n] + r : r;
             }

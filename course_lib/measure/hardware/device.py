@@ -91,9 +91,9 @@ class DeviceInfo:
 
 
 def cache_regime(n_bytes: float, llc: int | None = None) -> str:
-    """Where ``n_bytes`` read in order every step come from, said against the last-level cache ``llc``
+    """Where ``n_bytes`` read in order on every pass (a decode step's weights, a STREAM triad's arrays) come from, said against the last-level cache ``llc``
     (default: this machine's): larger than it, they stream from DRAM each time (an LRU cache keeps none of
-    a cyclic read bigger than itself); smaller, they can stay in it, and a step may beat the DRAM roof. An
+    a cyclic read bigger than itself); smaller, they can stay in it, and a pass may beat the DRAM roof. An
     LLC is 32 MiB on the course's AMD VM and 300 MiB on a Sapphire Rapids one, so the verdict is computed."""
     if not (isinstance(n_bytes, (int, float)) and n_bytes >= 0):
         raise ValueError(f"n_bytes must be a number >= 0, got {n_bytes!r}")
@@ -102,10 +102,10 @@ def cache_regime(n_bytes: float, llc: int | None = None) -> str:
         return "last-level cache size unknown"
     size = f"the last-level cache ({llc / 2**20:.0f} MiB)"
     if n_bytes >= 2 * llc:
-        return f"{n_bytes / llc:.1f}x {size}: every step streams them from DRAM"
+        return f"{n_bytes / llc:.1f}x {size}: every pass streams them from DRAM"
     if n_bytes >= llc:
-        return f"{n_bytes / llc:.1f}x {size}: most of each step's reads come from DRAM (the cache may keep a part)"
-    return f"{n_bytes / llc:.2f}x {size}: they can stay in the cache, so a step may read faster than DRAM"
+        return f"{n_bytes / llc:.1f}x {size}: most of each pass's reads come from DRAM (the cache may keep a part)"
+    return f"{n_bytes / llc:.2f}x {size}: they can stay in the cache, so a pass may read faster than DRAM"
 
 
 def _detect_cpu() -> DeviceInfo:
