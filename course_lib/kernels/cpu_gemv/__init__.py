@@ -10,7 +10,9 @@ weight once, a block of rows at a time over all threads, with the activations in
 - ``rms_norm(x, w, eps)``: RMSNorm of a decode step's few rows (torch's reduction costs 20-30 µs a call on
   the 2-core VM, ~60 calls a SmolLM2 step; this one a few µs);
 - ``gemv_int4(x, layout)``: int4 in groups (``Int4Layout``: the nibbles, an fp16 scale and offset per
-  group, llama.cpp's Q4_1 layout at groups of 32).
+  group, llama.cpp's Q4_1 layout at groups of 32);
+- ``gemv_int4_q8(x, layout)``: the same weights with the activations rounded to int8 per block of 32
+  first (llama.cpp's trade; AVX-512 VNNI), opt-in: its error is what chapter 02-2 shows beside its speed.
 Each is tested against ``F.linear`` on the dequantized weight (``tests/test_cpu_gemv.py``), for 1 to
 ``MAX_ROWS`` rows and awkward shapes (out not a multiple of the row block, in not of the vector width).
 
