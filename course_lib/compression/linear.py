@@ -212,6 +212,18 @@ class WeightOnlyLinear(Linear):
             return qw.data.contiguous(), qw.scale[:, 0].float().contiguous()
         return cpu_gemv.int4_layout(qw.data, qw.scale, qw.zero, qw.group_size)
 
+    def gemv_operands(self) -> tuple | None:
+        """What a caller of the course's kernels needs (``engine.native_step``, which cannot import this
+        module: the layout's arrows go down): ``("int8", q, scale)``, ``("int4", Int4Layout)`` or
+        ``("int4-q8", Int4Layout)`` on the ``gemv``/``gemv-q8`` paths, else None."""
+        if self.path not in ("gemv", "gemv-q8"):
+            return None
+        if self._gemv is None:
+            self._gemv = self._prepare_gemv()
+        if self.qw.config.bits == 8:
+            return ("int8", *self._gemv)
+        return ("int4-q8" if self.path == "gemv-q8" else "int4", self._gemv)
+
     def _forward_gemv(self, x2: torch.Tensor) -> torch.Tensor:
         """x2 (rows <= cpu_gemv.MAX_ROWS, in) → (rows, out) fp32, on the course's kernels."""
         if self._gemv is None:

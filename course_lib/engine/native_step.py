@@ -60,7 +60,6 @@ def _fp32(name: str, t) -> int:
 
 def describe_linear(name: str, lin, keep: list) -> _Lin:
     """The C description of one projection (its tensors appended to ``keep``), or ``Unsupported``."""
-    from course_lib.compression.linear import WeightOnlyLinear
     from course_lib.engine.layers import Linear, SkinnyLinear
 
     bias = getattr(lin, "bias", None)
@@ -72,18 +71,18 @@ def describe_linear(name: str, lin, keep: list) -> _Lin:
             raise Unsupported(f"{name}.weight must be 2-D, is {tuple(w.shape)}")
         keep += [w, bias]
         return _Lin(KIND_F32, w.shape[0], w.shape[1], 0, w.data_ptr(), 0, 0, b)
-    if isinstance(lin, WeightOnlyLinear) and lin.path in ("gemv", "gemv-q8"):
-        if lin._gemv is None:
-            lin._gemv = lin._prepare_gemv()
-        g = lin._gemv
-        keep += [g, bias]
+    # a quantized layer (compression.linear.WeightOnlyLinear, above this package) says what its kernels read
+    operands = lin.gemv_operands() if callable(getattr(lin, "gemv_operands", None)) else None
+    if operands is not None:
+        keep += [operands, bias]
         N, K = lin.out_features, lin.in_features
-        if lin.qw.config.bits == 8:
-            q, scale = g
+        if operands[0] == "int8":
+            _, q, scale = operands
             return _Lin(KIND_INT8, N, K, 0, q.data_ptr(), scale.data_ptr(), 0, b)
-        kind = KIND_INT4_Q8 if lin.path == "gemv-q8" else KIND_INT4  # gemv-q8: activations rounded to int8
+        g = operands[1]
+        kind = KIND_INT4_Q8 if operands[0] == "int4-q8" else KIND_INT4  # int4-q8: activations rounded to int8
         return _Lin(kind, N, K, g.group_size, g.packed.data_ptr(), g.s.data_ptr(), g.c.data_ptr(), b)
-    path = f" on path {lin.path!r}" if isinstance(lin, WeightOnlyLinear) else ""
+    path = f" on path {lin.path!r}" if isinstance(getattr(lin, "path", None), str) else ""
     raise Unsupported(
         f"{name} is a {type(lin).__name__}{path}; the C step takes fp32 Linear/SkinnyLinear weights or a "
         f"WeightOnlyLinear on the 'gemv' or 'gemv-q8' path"
