@@ -1,25 +1,31 @@
 """Benchmark: what the HTTP server adds to p50 TPOT over in-process generation (chapter 06's ≤ 10% goal).
 
     python benchmarks/server_overhead.py [--requests 48] [--rate 8] [--tokens 32] [--rounds 3] [--threads 1]
-        [--json data/measurements/server-tpot-cpu.json]
+        [--layout processes|one-process] [--json data/measurements/server-tpot-cpu.json]
 
 The same timed requests (vLLM-style: ``ignore_eos``, streaming, open loop) go three ways, in interleaved
 rounds so that a burst of load on the machine hits all three alike:
   in-process      ``loadgen.measure_engine``: add_request/step on a worker thread, no HTTP;
-  thread server   ``serve(Engine)``: uvicorn and the engine loop thread in this process (one GIL);
-  process server  ``serve(EngineProcess)``: the engine steps in a child process (vLLM's AsyncLLM layout).
-The load generator (httpx, streaming) runs in this process in both server cases, as a client would.
+  thread server   ``python -m course_lib.serving.server --engine thread``: uvicorn and the engine loop thread
+                  in one process (one GIL);
+  process server  ``python -m course_lib.serving.server`` (``--engine process``, its default): the engine
+                  steps in a child process (vLLM's AsyncLLM layout).
+``--layout processes`` (the default) runs each server as a process of its own (``server.spawn``), as it is
+deployed, and the load generator (httpx, streaming) here, as a client would. ``--layout one-process`` starts
+both servers inside this process (``server.serve``, as chapter 06 does in a notebook): the client's Python
+then shares the thread server's interpreter lock, which a deployment never does.
 An untimed warm-up round comes first (each engine meets its first batch shapes and packs its weights then).
 Prints each round's p50 TPOT and TTFT, then the median over rounds and a PASS/MISS for each server against
 the goal (≤ 10% over in-process). Greedy outputs are checked identical across the three.
 Then issue 21's goal (the performance ledger's): each run's p50 TPOT ÷ the engine's own decode step at the
 batch that run decoded at (``serving.server_tpot_record``: the batch from the client's token times, the step
-timed in-process with that many requests decoding and nothing else), ≤ 1.3× for the thread server; written
-with the machine, the load average, the versions and the command to ``--json`` (``--json ''`` writes
-nothing). Not a test.
+timed in-process with that many requests decoding and nothing else, in every round right after its runs),
+≤ 1.3× for the default server (the process server; the thread server's ratio beside it); written with the machine, the load average, the layout, the versions and the
+command to ``--json`` (``--json ''`` writes nothing). Not a test.
 """
 
 import argparse
+import contextlib
 import os
 import platform
 import shlex
@@ -52,6 +58,12 @@ def main() -> None:
         default=str(Path(__file__).resolve().parents[1] / "data" / "measurements" / rec.OUT),
         help="where to write the record ('' for nowhere)",
     )
+    ap.add_argument(
+        "--layout",
+        choices=("processes", "one-process"),
+        default="processes",
+        help="servers as processes of their own (deployed) or inside this process, beside the client",
+    )
     ap.add_argument("--pin-child", action="store_true", help="pin only the engine process, to the last CPU")
     ap.add_argument("--no-thread-server", action="store_true", help="compare in-process with the process server only")
     ap.add_argument(
@@ -65,6 +77,8 @@ def main() -> None:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.rate <= 0:
         ap.error(f"--rate must be > 0, got {args.rate:g}")
+    if (args.pin or args.pin_child) and args.layout != "one-process":
+        ap.error("--pin and --pin-child need --layout one-process (they pin this process's EngineProcess)")
     load_before = os.getloadavg()
     torch.set_num_threads(args.threads)
     cpus = {max(os.sched_getaffinity(0))} if args.pin_child else None
@@ -93,9 +107,17 @@ def main() -> None:
         f"torch threads {args.threads}, {args.rounds} rounds"
     )
     t0 = time.perf_counter()
-    proc = server.EngineProcess(args.model, threads=args.threads, cpus=cpus)
-    with server.serve(proc) as proc_srv, server.serve(Engine(args.model)) as thread_srv:
-        print(f"servers up in {time.perf_counter() - t0:.1f} s (engine process pid {proc.pid})")
+    steps_per_round: list[dict] = []
+    with contextlib.ExitStack() as stack:
+        if args.layout == "processes":
+            proc_srv = stack.enter_context(server.spawn(args.model, engine="process", threads=args.threads))
+            thread_srv = stack.enter_context(server.spawn(args.model, engine="thread", threads=args.threads))
+        else:
+            proc_srv = stack.enter_context(
+                server.serve(server.EngineProcess(args.model, threads=args.threads, cpus=cpus))
+            )
+            thread_srv = stack.enter_context(server.serve(Engine(args.model)))
+        print(f"servers up in {time.perf_counter() - t0:.1f} s ({args.layout})")
         runs: dict[str, list] = {"in-process": [], "thread server": [], "process server": []}
         if args.no_thread_server:
             del runs["thread server"]
@@ -116,6 +138,15 @@ def main() -> None:
                     f"{r:<6}{name:<16}{res.p('tpot') * 1e3:>12.2f}{res.p('ttft') * 1e3:>12.1f}"
                     f"{res.output_tokens_per_s:>8.0f}"
                 )
+            if r >= 0:  # the denominator, timed now: under the same load as this round's runs
+                batches = rec.batches_to_time({name: v[-1] for name, v in runs.items()})
+                steps_per_round.append(
+                    rec.step_times(eng, batches, prompt_tokens=args.prompt_tokens, steps=args.tokens, repeats=3)
+                )
+                print(
+                    f"{r:<6}{'decode step':<16}"
+                    + ", ".join(f"batch {b} {t * 1e3:.2f} ms" for b, t in steps_per_round[-1].items())
+                )
     texts = [[x.text for x in rs[0].results] for rs in runs.values()]
     print("greedy outputs identical across the runs:", all(t == texts[0] for t in texts))
     base = statistics.median(x.p("tpot") for x in runs["in-process"])
@@ -126,12 +157,6 @@ def main() -> None:
         verdict = "PASS" if rel <= args.goal else "MISS"
         print(f"  {name:<15} {med * 1e3:.2f} ms → {rel:+.1%} (goal ≤ {args.goal:.0%}): {verdict}")
 
-    batches = rec.batches_to_time(runs)
-    steps = rec.step_times(eng, batches, prompt_tokens=args.prompt_tokens, steps=args.tokens, repeats=5)
-    print(
-        "\nin-process decode step, nothing else in it: "
-        + ", ".join(f"batch {b} {s * 1e3:.2f} ms" for b, s in steps.items())
-    )
     from course_lib.measure.hardware import detect_device
 
     meta = {
@@ -146,13 +171,14 @@ def main() -> None:
         "output_tokens": args.tokens,
         "prompt_tokens": args.prompt_tokens,
         "threads": args.threads,
+        "layout": args.layout,
         "pin": args.pin,
         "pin_child": args.pin_child,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "greedy_identical": all(t == texts[0] for t in texts),
     }
-    record = rec.build_record(runs, steps, meta)
+    record = rec.build_record(runs, steps_per_round, meta)
     for name, m in record["median_over_rounds"].items():
         print(
             f"  {name:<15} p50 TPOT {m['tpot_p50_ms']:.2f} ms at batch {m['batch']:.2f}: step there "

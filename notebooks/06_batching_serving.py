@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -910,7 +910,8 @@ print("published:", references.cite("distserve", link=False))
 #   The engine's Python (scheduling, sampling, bookkeeping) waits whenever the HTTP side holds the lock.
 # * `serve(EngineProcess(...))`: the engine steps in a child process and sends each step's tokens back as one
 #   message, the layout of vLLM's `AsyncLLM` (an API process plus an `EngineCore` process). The two sides no
-#   longer compete for a lock; on a 2-core machine each gets a core.
+#   longer compete for a lock; on a 2-core machine each gets a core. `python -m course_lib.serving.server`
+#   runs this layout unless told `--engine thread`.
 #
 # Both use uvicorn with uvloop (a libuv event loop) and httptools (a C HTTP parser) when they are installed,
 # as production deployments do; the load generator's client runs on uvloop too. Both take Python off the path

@@ -570,3 +570,37 @@ def test_scrape_reads_histograms_as_promql_would():
         scrape.histograms(text, "course_y_seconds")
     with pytest.raises(ValueError, match="q must be"):
         scrape.quantile(h, 1.5)
+
+
+def test_command_line_serves_the_same_text_in_both_layouts(refs):
+    """``python -m course_lib.serving.server`` as its own process (``spawn``): the engine in a process of its
+    own by default, on a thread with ``--engine thread``; both answer the engine's own greedy text."""
+    from course_lib.serving.server import spawn
+
+    for layout in ("process", "thread"):
+        with spawn("tiny-target", engine=layout, threads=1) as srv:
+            assert srv.running and f"--engine {layout}" in " ".join(srv.command)
+            body = {"model": "tiny-target", "prompt": PROMPT, "max_tokens": N, "temperature": 0}
+            r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200 and r.json()["choices"][0]["text"] == refs["text"]
+        assert not srv.running
+
+
+def test_spawn_and_command_line_bad_input():
+    import subprocess
+    import sys
+
+    from course_lib.serving.server import spawn
+
+    for kwargs, words in (
+        ({"engine": "gpu"}, "engine must be 'process' or 'thread'"),
+        ({"threads": 0}, "threads must be None or an int >= 1"),
+        ({"port": 70000}, "port must be an int in 0..65535"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            spawn("tiny-target", **kwargs)
+    with pytest.raises(RuntimeError, match="did not start"):  # the child exits on an unknown model
+        spawn("no-such-model", startup_timeout_s=60)
+    cmd = [sys.executable, "-m", "course_lib.serving.server", "--engine-process", "--engine", "thread"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "contradict" in out.stderr

@@ -55,8 +55,8 @@ def _rounds(server_tpot):
     two = [_req(0, 0.0, 0.01), _req(1, 0.0, 0.01)]  # batch 2
     return {
         "in-process": [_Fake(two, 0.011), _Fake(two, 0.013)],
-        "thread server": [_Fake(two, server_tpot), _Fake(two, server_tpot)],
-        "process server": [_Fake(two, 0.030), _Fake(two, 0.030)],
+        "thread server": [_Fake(two, 0.030), _Fake(two, 0.030)],
+        "process server": [_Fake(two, server_tpot), _Fake(two, server_tpot)],
     }
 
 
@@ -68,10 +68,10 @@ def test_record_round_trip_and_the_ledger_reads_it(tmp_path, tpot, status):
     rounds = _rounds(tpot)
     assert R.batches_to_time(rounds) == [2]
     rec = R.build_record(rounds, {1: 0.008, 2: 0.010, 3: 0.012}, META | {"load_average_before": [1.5, 1, 1]})
-    assert rec["ratio_run"] == "thread server" and rec["ratio"] == pytest.approx(tpot / 0.010)
+    assert rec["ratio_run"] == "process server" and rec["ratio"] == pytest.approx(tpot / 0.010)
     m = rec["median_over_rounds"]
-    assert m["process server"]["tpot_over_step"] == pytest.approx(3.0)
-    assert m["thread server"]["tpot_over_in_process_tpot"] == pytest.approx(
+    assert m["thread server"]["tpot_over_step"] == pytest.approx(3.0)
+    assert m["process server"]["tpot_over_in_process_tpot"] == pytest.approx(
         statistics.median([tpot / 0.011, tpot / 0.013])
     )
     assert m["in-process"]["batch"] == pytest.approx(2.0) and rec["rounds"][0]["in-process"]["step_ms_at_batch"] == 10
@@ -83,11 +83,20 @@ def test_record_round_trip_and_the_ledger_reads_it(tmp_path, tpot, status):
     assert e["machine"] == "test CPU" and e["load_average_before"] == [1.5, 1, 1] and e["date"] == "2026-12-02"
 
 
+def test_record_with_steps_timed_in_every_round():
+    rounds = _rounds(0.0125)  # in-process 0.011 then 0.013; the process server 0.0125 in both
+    rec = R.build_record(rounds, [{2: 0.010}, {2: 0.0125}], META)  # the second round's machine was slower
+    assert [r["process server"]["tpot_over_step"] for r in rec["rounds"]] == pytest.approx([1.25, 1.0])
+    assert rec["ratio"] == pytest.approx(1.125) and rec["step_ms"] == [{"2": 10.0}, {"2": 12.5}]
+    with pytest.raises(ValueError, match="one per round"):
+        R.build_record(rounds, [{2: 0.01}], META)
+
+
 def test_record_bad_input(tmp_path):
     with pytest.raises(ValueError, match="in-process"):
-        R.build_record({"thread server": _rounds(0.01)["thread server"]}, {2: 0.01}, META)
+        R.build_record({"process server": _rounds(0.01)["process server"]}, {2: 0.01}, META)
     r = _rounds(0.01)
-    r["thread server"] = r["thread server"][:1]
+    r["process server"] = r["process server"][:1]
     with pytest.raises(ValueError, match="same non-zero number of rounds"):
         R.build_record(r, {2: 0.01}, META)
     with pytest.raises(ValueError, match="meta has no 'command'"):

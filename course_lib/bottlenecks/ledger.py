@@ -132,7 +132,7 @@ GOALS = (
     Goal(
         "server p50 TPOT at 8 req/s ÷ in-process step at the same batch",
         SERVER,
-        lambda d: d.get("ratio"),  # serving.server_tpot_record: the thread server's median over rounds
+        lambda d: d.get("ratio"),  # serving.server_tpot_record: the default (process) server's median over rounds
         "python benchmarks/server_overhead.py --json data/measurements/" + SERVER,
         at_most=1.3,
     ),

@@ -22,7 +22,6 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -42,22 +41,6 @@ def llamacpp_server_available() -> tuple[bool, str]:
         if importlib.util.find_spec(mod) is None:
             return False, f"{mod} is not installed (pip install -e '.[llamacpp]')"
     return True, ""
-
-
-def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float) -> None:
-    import httpx
-
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout_s:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode} before it answered {url}")
-        try:
-            if httpx.get(url + "/v1/models", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"no answer from {url} within {timeout_s:.0f} s")
 
 
 def server_command(which: str, port: int, threads: int, gguf: str) -> list[str]:
@@ -89,6 +72,7 @@ def measure(which: str, rates, n: int, threads: int, seed: int, port: int) -> li
     from course_lib.models.gguf import gguf_file
     from course_lib.serving.loadgen.http_client import run_load
     from course_lib.serving.loadgen.timed_requests import schedule
+    from course_lib.serving.server.launch import wait_ready
 
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     proc = subprocess.Popen(server_command(which, port, threads, str(gguf_file(MODEL))), env=env,
@@ -96,7 +80,7 @@ def measure(which: str, rates, n: int, threads: int, seed: int, port: int) -> li
     url = f"http://127.0.0.1:{port}"
     rows = []
     try:
-        _wait_ready(proc, url, 180.0)
+        wait_ready(proc, url, 180.0)
         run_load(url, schedule(text_workload(1, seed + 99), seed=seed), model=MODEL)  # warm-up, not recorded
         for rate in rates:
             res = run_load(url, schedule(text_workload(n, seed), rate, seed=seed), model=MODEL, slo=SLO(1.0, 0.1))

@@ -10,8 +10,10 @@ server and to the process server; this module turns its rounds into the number t
   else (no arrivals, no prefill in the step);
 - ``step_at``: that step at a fractional batch, linearly between the batches timed;
 - ``build_record``: per round, each run's p50 TPOT and batch, and the median over rounds of
-  p50 TPOT ÷ step at that run's batch; the ledger's ``ratio`` is the default server's (the thread server,
-  ``python -m course_lib.serving.server``; the process server's is beside it).
+  p50 TPOT ÷ step at that run's batch (the steps timed once, or in every round beside its runs, so that a
+  burst of load on a shared machine hits the numerator and the denominator alike); the ledger's ``ratio``
+  is the default server's (the process server: ``python -m course_lib.serving.server`` runs the engine in
+  a process of its own unless told ``--engine thread``; the thread server's is beside it).
 The in-process *TPOT* (same arrivals, prefills of new arrivals in the steps) is recorded too, with the
 script's older ≤ 10 % goal; it is not the goal's denominator. ``load_record`` reads the file back, its
 fields checked. Introduced in 02_metrics_2_throughput_utilization.ipynb (the ledger).
@@ -105,17 +107,19 @@ def step_at(steps: dict, batch: float) -> float:
 
 
 def batches_to_time(rounds: dict) -> list[int]:
-    """The integer batches ``step_at`` needs for every run of ``rounds`` ({run: [LoadResult, ...]})."""
+    """The integer batches ``step_at`` needs for every run of ``rounds`` ({run: [LoadResult, ...]}, or
+    {run: LoadResult} for one round)."""
     import math
 
-    seen = [decode_batch(r.results) for runs in rounds.values() for r in runs]
+    seen = [decode_batch(r.results) for runs in rounds.values() for r in (runs if isinstance(runs, list) else [runs])]
 
     return list(range(max(1, math.floor(min(seen))), math.ceil(max(seen)) + 1))
 
 
-def build_record(rounds: dict, steps: dict, meta: dict, goal: float = GOAL) -> dict:
+def build_record(rounds: dict, steps, meta: dict, goal: float = GOAL) -> dict:
     """The JSON-ready record: ``rounds`` ({run name: [LoadResult per round]}, "in-process" among them),
-    ``steps`` ({batch: s}, from ``step_times``), ``meta`` (machine, date, command, load, versions)."""
+    ``steps`` ({batch: s} from ``step_times`` for every round, or a list of them, one per round),
+    ``meta`` (machine, date, command, load, versions)."""
     if "in-process" not in rounds or len(rounds) < 2:
         raise ValueError(f"rounds needs 'in-process' and at least one server run, got {sorted(rounds)}")
     n = {len(v) for v in rounds.values()}
@@ -126,19 +130,24 @@ def build_record(rounds: dict, steps: dict, meta: dict, goal: float = GOAL) -> d
     for k in ("machine", "date", "command"):
         if k not in meta:
             raise ValueError(f"meta has no {k!r}")
+    n_rounds = n.pop()
+    per_round_steps = list(steps) if isinstance(steps, (list, tuple)) else [steps] * n_rounds
+    if len(per_round_steps) != n_rounds or not all(isinstance(s, dict) for s in per_round_steps):
+        raise ValueError(f"steps must be one {{batch: s}} dict or a list of {n_rounds} (one per round), got {steps!r}")
     per_round = []
-    for i in range(n.pop()):
+    for i in range(n_rounds):
         row = {}
         for name, runs in rounds.items():
             res = runs[i]
             b = decode_batch(res.results)
             tpot = res.p("tpot")
+            at = step_at(per_round_steps[i], b)
             row[name] = {
                 "tpot_p50_ms": tpot * 1e3,
                 "ttft_p50_ms": res.p("ttft") * 1e3,
                 "batch": b,
-                "step_ms_at_batch": step_at(steps, b) * 1e3,
-                "tpot_over_step": tpot / step_at(steps, b),
+                "step_ms_at_batch": at * 1e3,
+                "tpot_over_step": tpot / at,
             }
         per_round.append(row)
     summary = {}
@@ -151,13 +160,13 @@ def build_record(rounds: dict, steps: dict, meta: dict, goal: float = GOAL) -> d
             summary[name]["tpot_over_in_process_tpot"] = statistics.median(
                 r[name]["tpot_p50_ms"] / r["in-process"]["tpot_p50_ms"] for r in per_round
             )
-    default = "thread server" if "thread server" in rounds else next(n for n in rounds if n != "in-process")
+    default = "process server" if "process server" in rounds else next(n for n in rounds if n != "in-process")
     ratio = summary[default]["tpot_over_step"]
     return {
         "what": "p50 TPOT of the course server vs the engine's own decode step at the batch the server ran",
         "goal": f"p50 TPOT at 8 req/s <= {goal:g} x the in-process decode step at the same batch (issue 21)",
         "meta": dict(meta),
-        "step_ms": {str(k): v * 1e3 for k, v in sorted(steps.items())},
+        "step_ms": _ms(steps) if isinstance(steps, dict) else [_ms(s) for s in per_round_steps],
         "rounds": per_round,
         "median_over_rounds": summary,
         "ratio_run": default,
@@ -165,6 +174,10 @@ def build_record(rounds: dict, steps: dict, meta: dict, goal: float = GOAL) -> d
         "at_most": goal,
         "met": ratio <= goal,
     }
+
+
+def _ms(steps: dict) -> dict:
+    return {str(k): v * 1e3 for k, v in sorted(steps.items())}
 
 
 def load_record(path=None) -> dict:

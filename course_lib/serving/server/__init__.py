@@ -21,7 +21,7 @@ The parts, in the manner of vLLM's entrypoints: ``protocol`` (request bodies, er
 chunks and log-probs in OpenAI's formats), ``app`` (the FastAPI routes), ``job`` (one request on the asyncio
 side: its prompts' engine requests and their choices), ``text_stream`` (token ids → text deltas),
 ``core`` (what the engine's thread does between steps), ``engine_loop`` (that thread), ``engine_process``
-(the engine in a child process), ``metrics`` (Prometheus), ``launch`` (``serve`` from a notebook) and
+(the engine in a child process), ``metrics`` (Prometheus), ``launch`` (``serve`` from a notebook, ``spawn`` as a process of its own) and
 ``__main__`` (``python -m course_lib.serving.server --model tiny-target --port 8000``).
 Introduced in 06_batching_serving.ipynb.
 """
@@ -29,7 +29,7 @@ Introduced in 06_batching_serving.ipynb.
 from course_lib.serving.server.app import create_app
 from course_lib.serving.server.engine_loop import EngineLoop
 from course_lib.serving.server.engine_process import EngineProcess
-from course_lib.serving.server.launch import ServerHandle, serve
+from course_lib.serving.server.launch import ServerHandle, SpawnedServer, serve, spawn, wait_ready
 from course_lib.serving.server.metrics import ServerMetrics
 from course_lib.serving.server.protocol import (
     DEFAULT_MAX_TOKENS,
@@ -49,8 +49,11 @@ __all__ = [
     "EngineProcess",
     "ServerHandle",
     "ServerMetrics",
+    "SpawnedServer",
     "StreamOptions",
     "create_app",
     "render_chat",
     "serve",
+    "spawn",
+    "wait_ready",
 ]

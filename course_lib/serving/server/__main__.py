@@ -1,5 +1,8 @@
 """The command line: ``python -m course_lib.serving.server --model tiny-target --port 8000`` serves until
-Ctrl-C (``--engine-process`` runs the engine in a process of its own). Introduced in 06_batching_serving.ipynb."""
+Ctrl-C. The engine steps in a process of its own by default (``--engine process``, vLLM's API-server +
+engine-core layout: chapter 06 measures it adding the least to TPOT); ``--engine thread`` runs it on a thread
+of the server's process instead (one interpreter lock for the HTTP side and the engine).
+Introduced in 06_batching_serving.ipynb."""
 
 from __future__ import annotations
 
@@ -21,7 +24,13 @@ def main(argv=None) -> None:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--max-queue", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=60.0)
-    ap.add_argument("--engine-process", action="store_true", help="run the engine in a process of its own")
+    ap.add_argument(
+        "--engine",
+        choices=("process", "thread"),
+        default="process",
+        help="where the engine steps: a process of its own (default) or a thread of the server's process",
+    )
+    ap.add_argument("--engine-process", action="store_true", help="the same as --engine process (the default)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads of the engine")
     ap.add_argument("--max-num-seqs", type=int, default=None, help="sequences per step (the KV cache's slots)")
     ap.add_argument("--max-model-len", type=int, default=None, help="tokens per sequence the KV cache holds")
@@ -33,7 +42,9 @@ def main(argv=None) -> None:
     sizes = {k: getattr(args, k) for k in ("max_num_seqs", "max_model_len") if getattr(args, k) is not None}
     from course_lib.engine.scheduler import SchedulerConfig
 
-    if args.engine_process:
+    if args.engine_process and args.engine == "thread":
+        ap.error("--engine-process and --engine thread contradict each other")
+    if args.engine == "process":
         extra = {"config": SchedulerConfig(**sizes)} if sizes else {}
         engine = EngineProcess(args.model, threads=args.threads, **extra)
     else:
