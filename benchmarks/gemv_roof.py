@@ -8,7 +8,10 @@ bandwidth, on a matrix far bigger than the LLC. Per thread count: a STREAM triad
 course's GEMV ``kernels.cpu_gemv``; int8 per channel and int4 g32 on the course's GEMV and on torch's bf16
 kernels ``aten._weight_int8pack_mm`` / ``aten._weight_int4pack_mm_for_cpu``; fbgemm's int8-dyn), each
 cycling through copies of its weight until it reads ``--working-set`` MiB. Also prints what each kernel's
-handling of the activations costs in error against fp32 activations. Writes JSON (machine, load average, command) that
+handling of the activations costs in error against fp32 activations. Then the course's GEMV kernels on one
+``--cache-out`` × ``--in`` weight read over and over (``gemv_roof.cache_roof``: it stays in the caches), the
+rate each reaches with DRAM out of the way, and per format which roof is the lower (``bound_verdicts``: a
+kernel slower than STREAM in cache is bound by its arithmetic). Writes JSON (machine, load average, command) that
 ``benchmarks/ledger.py`` reads. Not a test: timings are noisy on a shared machine.
 """
 
@@ -34,22 +37,32 @@ def main(argv=None) -> None:
         "--working-set", type=int, default=None, help="MiB read per pass (default: 4x the LLC, at least 256)"
     )
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--cache-out", type=int, default=1024, help="out_features of the in-cache weight (0: skip)")
     p.add_argument("--json", help="write the rows here")
     a = p.parse_args(argv)
     for name in ("out", "inf", "working_set", "repeats"):
         if getattr(a, name) is not None and getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if a.cache_out < 0:
+        p.error("--cache-out must be >= 0")
 
     import torch
 
-    from course_lib.compression.gemv_roof import bf16_activation_error, gemv_roof, table
+    from course_lib.compression.gemv_roof import (
+        bf16_activation_error,
+        bound_table,
+        bound_verdicts,
+        cache_roof,
+        gemv_roof,
+        table,
+    )
     from course_lib.measure.hardware.device import detect_device
     from course_lib.measure.microbench import measure_bandwidth
 
     if a.working_set is None:  # a 300 MiB LLC (a Sapphire Rapids VM) would serve 256 MiB from the cache
         a.working_set = max(256, 4 * (detect_device("cpu").cache_bytes or 0) // 2**20)
     load_before = os.getloadavg()[0]
-    rows = []
+    rows, in_cache, bounds = [], [], []
     for th in a.threads:
         torch.set_num_threads(th)
         t = measure_bandwidth("triad", n_bytes=a.working_set * 2**20 // 2, repeats=8)
@@ -65,6 +78,19 @@ def main(argv=None) -> None:
                      weight_bytes=r.weight_bytes, copies=r.copies, gbps=r.gbps, stream_gbps=stream,
                      fraction=r.fraction, spread=r.spread)
             )  # fmt: skip
+        if a.cache_out:
+            cache = cache_roof(a.inf, stream_gbps=stream, out_features=a.cache_out, repeats=a.repeats)
+            print(f"in cache: {a.cache_out} x {a.inf}, one copy, read again and again")
+            print(table(cache))
+            b = bound_verdicts(res, cache)
+            print(bound_table(b))
+            for r in cache:
+                in_cache.append(
+                    dict(family=r.format.split()[0], format=r.format, path=r.path, rows=r.rows, threads=th,
+                         weight_bytes=r.weight_bytes, gbps=r.gbps, stream_gbps=stream, fraction=r.fraction,
+                         spread=r.spread)
+                )  # fmt: skip
+            bounds += [dict(row, threads=th) for row in b]
     errs = bf16_activation_error()
     print("\nmax error / max |y| against fp32 activations on the same weights:")
     print(", ".join(f"{k} {v:.1e}" for k, v in errs.items()))
@@ -72,8 +98,10 @@ def main(argv=None) -> None:
         cmd = "python benchmarks/gemv_roof.py " + " ".join(sys.argv[1:] if argv is None else argv)
         meta = dict(machine=detect_device().describe(), date=date.today().isoformat(), torch=torch.__version__,
                     load_average_before=load_before, load_average_after=os.getloadavg()[0], command=cmd.strip(),
-                    shape=[a.out, a.inf], working_set_mib=a.working_set, bf16_activation_error=errs)  # fmt: skip
-        Path(a.json).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+                    shape=[a.out, a.inf], working_set_mib=a.working_set, cache_shape=[a.cache_out, a.inf],
+                    bf16_activation_error=errs)  # fmt: skip
+        out = dict(meta=meta, rows=rows, in_cache=in_cache, bounds=bounds)
+        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
         print(f"wrote {a.json}")
 
 

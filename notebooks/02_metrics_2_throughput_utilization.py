@@ -459,10 +459,53 @@ plt.show()
 # same trade on the course's own int4 kernel (`cpu_gemv.gemv_int4_q8`, opt-in `path="gemv-q8"`):
 # activations rounded to int8 per block of 32, as llama.cpp's Q8 blocks, then four nibbles times four
 # bytes per lane of one AVX-512 VNNI instruction, 64 products where the fp32 path widens and multiplies
-# 16 (without VNNI a plain C loop runs it, correct and slow). Its row against the `int4` row is what
+# 16 (without VNNI, AVX2's `vpmaddubsw` does 32 bytes at a time, as llama.cpp's AVX2 path). Its row against the `int4` row is what
 # the rounding buys here; its printed error is what it costs.
 # On a shared machine this run's GB/s fall with the load (printed beside them); the recorded rows
 # carry their own load average.
+
+# %% [markdown]
+# ### Which roof is lower: memory, or the kernel's own arithmetic?
+#
+# A GEMV below the goal may wait on memory (too few loads in flight) or on its own instructions: the
+# int8 and int4 kernels widen every weight before they multiply (the AVX-512 int4 kernel spends a shift, a
+# mask-and-or and a multiply-add per 16 weights; the fp32 kernel only the multiply-add). The two are told
+# apart by taking memory away: the same kernels on one weight small enough to stay in the caches, read
+# again and again (`gemv_roof.cache_roof`). A kernel slower than STREAM there cannot reach STREAM from
+# DRAM whatever it prefetches: on this CPU its arithmetic is the lower roof, and the table says how close
+# the DRAM run came to that one.
+#
+# *Predict:* which of the course's kernels are bound by their arithmetic here?
+
+# %%
+my_arithmetic_bound = None  # e.g. ["int4"]
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if CUDA:
+    print("these are the CPU kernels; a GPU run skips them")
+else:
+    c_out = course_lib.pick(512, 1024)
+    cache_rows = gemv_roof.cache_roof(
+        g_n, stream_gbps=stream_now, out_features=c_out, calls=course_lib.pick(10, 20), repeats=course_lib.pick(3, 5)
+    )
+    print(f"in cache: one {c_out} x {g_n} weight, read again and again, {torch.get_num_threads()} threads")
+    print(gemv_roof.table(cache_rows))
+    bounds = gemv_roof.bound_verdicts(roof, cache_rows)
+    print(gemv_roof.bound_table(bounds))
+    arithmetic_bound = [b["format"] for b in bounds if b["lower_roof"] == "arithmetic"]
+    print(f"your prediction: {my_arithmetic_bound}")
+    print("bound by their arithmetic on this machine:", ", ".join(arithmetic_bound) or "none (memory is lower)")
+    for b in bounds:
+        if not b["reachable"]:
+            print(f"  {b['format']}: in cache {b['cache_fraction']:.0%} of STREAM, below the 75% goal before any DRAM")
+
+# %% [markdown]
+# A kernel on the arithmetic roof gets faster only with fewer instructions per weight, not with better
+# prefetching. That is the trade the `int4-q8` and `int8-dyn` rows make: integer dot products multiply
+# four bytes per lane in one instruction, at the price of rounding the activations (their printed error
+# above). The recorded run of `benchmarks/gemv_roof.py` stores both roofs for each kernel, and the ledger
+# prints the in-cache rate under each GEMV goal.
 
 # %% [markdown]
 # Speed is half of a format's case. The recorded run below scores the same int8 weights with and

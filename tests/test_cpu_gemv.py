@@ -48,6 +48,8 @@ def test_int8_matches_linear(m, n, k):
         (1, 32, 32), (3, 64, 32), (17, 96, 32), (40, 576, 32), (9, 256, 64), (24, 512, 128),
         # K a multiple of 128: AVX-512's blocked path (4, 2, 1 groups per 128-weight block, and a group over 2)
         (5, 128, 32), (7, 384, 64), (3, 640, 128), (6, 1024, 256), (4, 1536, 32),
+        # K a multiple of 128 but groups that do not split a block evenly: the even/odd path
+        (4, 384, 96), (4, 768, 192), (2, 640, 320),
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("m", [1, 2, 4])
@@ -113,6 +115,28 @@ def test_one_openmp_runtime_shared_with_torch():
     assert len(libs) == 1, libs
 
 
+@pytest.mark.skipif("avx2" not in open("/proc/cpuinfo").read(), reason="needs a CPU with AVX2")
+def test_the_avx2_build_passes_the_same_tests(tmp_path):
+    """Built with ``COURSE_CPU_GEMV_MARCH=haswell`` (AVX2, FMA, F16C; no AVX-512): the kernels' AVX2 paths,
+    which an AVX-512 machine never runs otherwise, against the same references as the native build."""
+    import os
+
+    env = {**os.environ, "COURSE_CPU_GEMV_MARCH": "haswell", "COURSE_CACHE_DIR": str(tmp_path)}
+    check = "from course_lib.kernels import cpu_gemv as c; print(c.flags(), c.available(), c.unavailable_reason())"
+    r = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env)
+    assert "-march=haswell" in r.stdout and "True" in r.stdout, r.stdout + r.stderr
+    k = "f32_matches or int8_matches or int4_matches or int4_q8 or large_mean or rms_norm_matches"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", k]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+    with pytest.raises(ValueError, match="COURSE_CPU_GEMV_MARCH must be a gcc -march name"):
+        os.environ["COURSE_CPU_GEMV_MARCH"] = "native; rm -rf /"
+        try:
+            cpu_gemv.flags()
+        finally:
+            del os.environ["COURSE_CPU_GEMV_MARCH"]
+
+
 def test_turned_off_by_environment(tmp_path):
     code = "from course_lib.kernels import cpu_gemv; print(cpu_gemv.available(), cpu_gemv.unavailable_reason())"
     env = {"COURSE_CPU_GEMV": "0", "COURSE_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
@@ -173,8 +197,11 @@ def _q8_reference(x: torch.Tensor, layout) -> torch.Tensor:
         (4, 64, 32),
         (9, 576, 32),
         (2, 960, 64),
+        (4, 384, 96),
+        (3, 960, 160),
     ],
-)  # the last three end on 64 inputs past a multiple of 128 (SmolLM2's 576)
+)  # (4, 64), (9, 576), (2, 960) and (3, 960) end on 64 inputs past a multiple of 128 (SmolLM2's 576); groups of
+# 96 and 160 straddle the 64-input chunks of the AVX2 path
 @pytest.mark.parametrize("m", [1, 3])
 def test_int4_q8_matches_its_rounding_and_names_its_cost(m, n, k, gs):
     g = torch.Generator().manual_seed(n * k + gs + m)

@@ -88,6 +88,29 @@ def test_verdicts_take_the_fastest_path_and_fail_below_the_goal():
     assert noisy["int8"].inside_noise
 
 
+def test_cache_roof_times_one_copy_and_names_the_lower_roof():
+    formats = gr.available_formats(gr.CACHE_FORMATS)
+    rows = gr.cache_roof(128, stream_gbps=10.0, out_features=32, calls=2, repeats=2, formats=formats)
+    assert [r.format for r in rows] == list(formats) and all(r.copies == 1 and r.rows == 1 for r in rows)
+    assert all(r.gbps > 0 and len(r.samples) == 2 for r in rows)
+    # by hand: a kernel at 0.6 of STREAM in DRAM and 0.65 in cache is bound by its arithmetic, at 92% of it;
+    # one at 0.8 and 1.5 is bound by memory
+    dram = [_row("int4", 0.6), _row("fp32 gemv", 0.8), _row("int8", 0.9, rows=4)]
+    cache = [_row("int4", 0.65), _row("fp32 gemv", 1.5), _row("int8", 2.0)]
+    b = {r["format"]: r for r in gr.bound_verdicts(dram, cache)}
+    assert set(b) == {"int4", "fp32 gemv"}  # int8 has no 1-row DRAM row
+    assert b["int4"]["lower_roof"] == "arithmetic" and b["int4"]["of_lower_roof"] == pytest.approx(0.6 / 0.65)
+    assert not b["int4"]["reachable"]  # 0.65 < the 0.75 goal: no loads can make up for it
+    assert b["fp32 gemv"]["lower_roof"] == "memory" and b["fp32 gemv"]["of_lower_roof"] == pytest.approx(0.8)
+    assert b["fp32 gemv"]["reachable"] and "arithmetic" in gr.bound_table(list(b.values()))
+    with pytest.raises(ValueError, match="stream_gbps"):
+        gr.cache_roof(128, stream_gbps=-1.0)
+    with pytest.raises(ValueError, match="calls"):
+        gr.cache_roof(128, stream_gbps=1.0, calls=0)
+    with pytest.raises(ValueError, match="formats must be among"):
+        gr.cache_roof(128, stream_gbps=1.0, formats=("int3",))
+
+
 def test_bf16_activation_error_is_small_but_not_zero():
     errs = gr.bf16_activation_error(64, 128)
     assert set(errs) <= set(gr.PATH_OF) and {"int8 bf16", "int4 bf16"} & set(errs)

@@ -39,6 +39,7 @@ class Goal:
     at_least: float | None = None
     at_most: float | None = None
     gpu: bool = False
+    context: Callable[[object], dict | None] | None = None  # more from the source, beside the ratio
 
 
 def _llama_row(fmt: str, key: str):
@@ -55,6 +56,27 @@ def _gemv(fmt: str):
     def read(d):
         vals = [r["fraction"] for r in d.get("rows", []) if r.get("family") == fmt and r.get("rows") == 1]
         return max(vals) if vals else None
+
+    return read
+
+
+def _gemv_bound(fmt: str):
+    """The in-cache rate of the format's best 1-row kernel (``benchmarks/gemv_roof.py``'s ``bounds``): which
+    roof is the lower on that machine, memory or the kernel's arithmetic."""
+
+    def read(d):
+        best = max(
+            (r for r in d.get("rows", []) if r.get("family") == fmt and r.get("rows") == 1),
+            key=lambda r: r["fraction"],
+            default=None,
+        )
+        if best is None:
+            return None
+        for b in d.get("bounds", []):
+            if b.get("format") == best.get("format") and b.get("path") == best.get("path"):
+                if b.get("threads") == best.get("threads"):
+                    return {k: b[k] for k in ("cache_fraction", "lower_roof", "of_lower_roof", "threads")}
+        return None
 
     return read
 
@@ -119,6 +141,7 @@ GOALS = (
             _gemv(fmt),
             "python benchmarks/gemv_roof.py --json data/measurements/" + GEMV,
             0.75,
+            context=_gemv_bound(fmt),
         )
         for fmt in ("fp32", "int8", "int4")
     ),
@@ -128,6 +151,7 @@ GOALS = (
         _gemv("int4-q8"),
         "python benchmarks/gemv_roof.py --json data/measurements/" + GEMV,
         0.75,
+        context=_gemv_bound("int4-q8"),
     ),
     Goal(
         "server p50 TPOT at 8 req/s ÷ in-process step at the same batch",
@@ -186,6 +210,13 @@ def evaluate(goal: Goal, data, source_meta: dict | None = None) -> dict:
     ratio = float(ratio)
     met = (goal.at_least is None or ratio >= goal.at_least) and (goal.at_most is None or ratio <= goal.at_most)
     entry.update(ratio=ratio, status="met" if met else "missed", **(source_meta or {}))
+    if goal.context is not None:
+        try:
+            more = goal.context(data)
+        except (KeyError, TypeError, AttributeError):
+            more = None
+        if more:
+            entry["context"] = more
     return entry
 
 
@@ -223,6 +254,12 @@ def summary(ledger: dict) -> str:
         ratio = "-" if e["ratio"] is None else f"{e['ratio']:.2f}"
         when = f" ({e['date']})" if e.get("date") else ""
         lines.append(f"{e['goal']:<66}{target:>9}{ratio:>9}  {e['status']}{when}")
+        c = e.get("context") or {}
+        if "cache_fraction" in c:
+            lines.append(
+                f"    the same kernel in cache: {c['cache_fraction']:.2f} of STREAM ({c.get('threads')} threads): "
+                f"the lower roof is {c['lower_roof']}, and the product reads at {c['of_lower_roof']:.0%} of it"
+            )
     return "\n".join(lines)
 
 

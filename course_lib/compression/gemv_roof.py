@@ -10,7 +10,10 @@ activations rounded to int8 per block of 32 and multiplied four bytes at a time:
 ``path="gemv-q8"``) and ``int8-dyn`` (the opt-in ``path="dynamic"``, int8 activations too), each cycling through enough copies of its weight to read
 ``working_set`` bytes (2-4× the LLC, ``microbench.working_set_bytes``, so no format is served from the cache), and reports GB/s of weight
 bytes and the fraction of STREAM.
-``bf16_activation_error`` measures what the int8/int4 CPU kernels' bf16 rounding of the activations
+``cache_roof`` times the same kernels on one small weight read over and over, so it stays in the caches:
+the rate each kernel reaches when DRAM is not the limit, its arithmetic's own roof; ``bound_verdicts`` sets
+the two roofs side by side (a kernel whose in-cache rate is not above STREAM cannot read DRAM at STREAM's
+rate, whatever its loads do). ``bf16_activation_error`` measures what the int8/int4 CPU kernels' bf16 rounding of the activations
 costs against the fp32 reference. ``achieved_bandwidth`` turns recorded tokens/s (the engine and
 llama.cpp, ``data/measurements/smollm2-vs-llamacpp-cpu.json``) into bytes/s on the same roof.
 Introduced in 02_metrics_2_throughput_utilization.ipynb (issue 21).
@@ -193,11 +196,98 @@ def gemv_roof(
                 for lay in layers:
                     lay(x)
                 samples.append((time.perf_counter() - t0) / len(layers))
-            path = getattr(layer, "path", {"fp32 packed": "oneDNN packed", "fp32 gemv": "gemv"}.get(fmt, "F.linear"))
-            out.append(RoofRow(fmt, path, r, nbytes, tuple(samples), len(layers), float(stream_gbps)))
+            out.append(RoofRow(fmt, _path(layer, fmt), r, nbytes, tuple(samples), len(layers), float(stream_gbps)))
         del layers, layer
         trim_heap()  # the copies go back to the OS before the next format's come
     return out
+
+
+def _path(layer, fmt: str) -> str:
+    return getattr(layer, "path", {"fp32 packed": "oneDNN packed", "fp32 gemv": "gemv"}.get(fmt, "F.linear"))
+
+
+CACHE_FORMATS = ("fp32 gemv", "int8", "int4", "int4-q8")
+
+
+@torch.inference_mode()
+def cache_roof(
+    in_features: int,
+    *,
+    stream_gbps: float,
+    out_features: int = 512,
+    formats=None,
+    calls: int = 50,
+    repeats: int = 5,
+    seed: int = 0,
+) -> list[RoofRow]:
+    """One row × an (out_features, in_features) weight small enough to stay in the caches, ``calls`` times per
+    sample, through each of ``formats`` (default: the course's GEMV kernels that can run here,
+    ``CACHE_FORMATS``): GB/s of weight bytes with memory out of the way, against ``stream_gbps``. The default
+    512 × 4,096 is 1.2 MB in int4 and 8 MB in fp32: within L2 or the LLC of a current CPU."""
+    _check_int("in_features", in_features)
+    _check_int("out_features", out_features)
+    _check_int("calls", calls)
+    _check_int("repeats", repeats, 2)
+    if not (isinstance(stream_gbps, (int, float)) and stream_gbps > 0):
+        raise ValueError(f"stream_gbps must be a positive number (GB/s), got {stream_gbps!r}")
+    formats = available_formats(CACHE_FORMATS) if formats is None else tuple(formats)
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        raise ValueError(f"formats must be among {FORMATS}, got {bad}")
+    missing = [f for f in formats if f not in available_formats(formats)]
+    if missing:
+        raise ValueError(f"formats {missing} cannot run here (see available_formats); drop them")
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(out_features, in_features, generator=gen) * 0.02
+    x = torch.randn(1, in_features, generator=gen)
+    out = []
+    for fmt in formats:
+        layer = _make(fmt, w)
+        for _ in range(3):
+            layer(x)  # packs on first use, then warm in the caches
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                layer(x)
+            samples.append((time.perf_counter() - t0) / calls)
+        out.append(RoofRow(fmt, _path(layer, fmt), 1, _nbytes(layer), tuple(samples), 1, float(stream_gbps)))
+    return out
+
+
+def bound_verdicts(dram: list[RoofRow], cache: list[RoofRow], goal: float = GOAL) -> list[dict]:
+    """Per format timed both ways (one row): its DRAM rate, its in-cache rate, each ÷ STREAM, and which roof
+    is the lower: "arithmetic" where the kernel's in-cache rate is below STREAM (it cannot reach the memory
+    roof however it loads), else "memory"; ``reachable``: the goal is within the lower roof."""
+    by_fmt = {(r.format, r.path): r for r in dram if r.rows == 1}
+    rows = []
+    for c in cache:
+        d = by_fmt.get((c.format, c.path))
+        if d is None:
+            continue
+        lower = "arithmetic" if c.gbps < c.stream_gbps else "memory"
+        rows.append(
+            {
+                "format": c.format,
+                "path": c.path,
+                "dram_fraction": d.fraction,
+                "cache_fraction": c.fraction,
+                "lower_roof": lower,
+                "of_lower_roof": d.gbps / min(c.gbps, d.stream_gbps),
+                "reachable": min(c.fraction, 1.0) >= goal,
+            }
+        )
+    return rows
+
+
+def bound_table(rows: list[dict]) -> str:
+    lines = [f"{'format':<12}{'path':<10}{'DRAM ÷ STREAM':>15}{'in cache ÷ STREAM':>19}  lower roof   of it"]
+    for r in rows:
+        lines.append(
+            f"{r['format']:<12}{r['path']:<10}{r['dram_fraction']:>15.0%}{r['cache_fraction']:>19.0%}  "
+            f"{r['lower_roof']:<12}{r['of_lower_roof']:>5.0%}"
+        )
+    return "\n".join(lines)
 
 
 def best_by_format(rows: list[RoofRow], n_rows: int = 1) -> dict[str, RoofRow]:

@@ -12,12 +12,12 @@ weight once, a block of rows at a time over all threads, with the activations in
 - ``gemv_int4(x, layout)``: int4 in groups (``Int4Layout``: the nibbles, an fp16 scale and offset per
   group, llama.cpp's Q4_1 layout at groups of 32);
 - ``gemv_int4_q8(x, layout)``: the same weights with the activations rounded to int8 per block of 32
-  first (llama.cpp's trade; AVX-512 VNNI), opt-in: its error is what chapter 02-2 shows beside its speed.
+  first (llama.cpp's trade; AVX-512 VNNI, or AVX2's vpmaddubsw), opt-in: its error is what chapter 02-2 shows beside its speed.
 Each is tested against ``F.linear`` on the dequantized weight (``tests/test_cpu_gemv.py``), for 1 to
 ``MAX_ROWS`` rows and awkward shapes (out not a multiple of the row block, in not of the vector width).
 
 The C file is compiled on first use with the system's C compiler (``$CC``, else ``cc``/``gcc``; flags
-``-O3 -march=native -fopenmp``, and ``defines()``: where to prefetch, by CPU vendor) into ``core.paths.cache_dir()/kernels`` (about a second), keyed by the
+``-O3 -march=native -fopenmp``, ``-march`` overridden by ``$COURSE_CPU_GEMV_MARCH``, and ``defines()``: where to prefetch, by CPU vendor) into ``core.paths.cache_dir()/kernels`` (about a second), keyed by the
 source, the flags and the CPU, and loaded with ``ctypes``. Its OpenMP calls bind to the ``libgomp`` that
 torch has already loaded, so the kernels and torch share one thread pool. Where there is no compiler, the
 platform is not Linux, or ``COURSE_CPU_GEMV=0``, ``available()`` is False, ``unavailable_reason()`` says
@@ -45,6 +45,9 @@ from course_lib.core.paths import cache_dir
 SOURCE = Path(__file__).with_name("gemv.c")
 STEP_SOURCE = Path(__file__).with_name("step.c")  # the whole decode step; it #includes gemv.c, and is what is built
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
+# COURSE_CPU_GEMV_MARCH=haswell (or any gcc -march) builds for an older instruction set than this CPU's:
+# the AVX2 paths can then be run and tested on an AVX-512 machine, or one build shared by several machines.
+MARCH_ENV = "COURSE_CPU_GEMV_MARCH"
 # How far ahead the kernels prefetch the weight, and into which cache (gemv.c's PF_LOC: __builtin_prefetch's
 # locality). Measured, 4,096² fp32 at 2 threads against a 22.5 GB/s triad: on an Intel Sapphire Rapids VM a
 # non-temporal prefetch (locality 0) goes to L1 only and lines two row blocks (~80 KB) ahead were evicted
@@ -86,6 +89,16 @@ def _vendor() -> str:
     return ""
 
 
+def flags() -> tuple[str, ...]:
+    """The compiler flags: ``FLAGS``, with ``-march`` from ``$COURSE_CPU_GEMV_MARCH`` where it is set."""
+    march = os.environ.get(MARCH_ENV, "").strip()
+    if not march:
+        return FLAGS
+    if not all(ch.isalnum() or ch in "-_." for ch in march):
+        raise ValueError(f"{MARCH_ENV} must be a gcc -march name such as 'haswell' or 'x86-64-v3', got {march!r}")
+    return tuple(f"-march={march}" if f == "-march=native" else f for f in FLAGS)
+
+
 def defines() -> tuple[str, ...]:
     """The -D flags of this CPU (``PREFETCH_LOCALITY``)."""
     loc = PREFETCH_LOCALITY.get(_vendor())
@@ -99,7 +112,7 @@ def library_path(cc: str) -> Path:
         SOURCE.read_bytes(),
         STEP_SOURCE.read_bytes(),
         cc.encode(),
-        " ".join(FLAGS + defines()).encode(),
+        " ".join(flags() + defines()).encode(),
         _cpu_key().encode(),
     ):
         h.update(part)
@@ -112,7 +125,7 @@ def _build(cc: str, out: Path) -> None:
     os.close(fd)
     try:
         r = subprocess.run(
-            [cc, *FLAGS, *defines(), "-o", tmp, str(STEP_SOURCE), "-lm"], capture_output=True, text=True, timeout=120
+            [cc, *flags(), *defines(), "-o", tmp, str(STEP_SOURCE), "-lm"], capture_output=True, text=True, timeout=120
         )
         if r.returncode != 0:
             raise RuntimeError(f"{cc} failed ({r.returncode}): {r.stderr.strip()[-800:]}")
@@ -305,7 +318,7 @@ def gemv_int4(x: torch.Tensor, layout: Int4Layout, *, threads: int | None = None
 
 def gemv_int4_q8(x: torch.Tensor, layout: Int4Layout, *, threads: int | None = None) -> torch.Tensor:
     """``gemv_int4`` with the activations rounded to int8 per block of 32 first (llama.cpp's Q8 blocks), then
-    nibbles times bytes four at a time (AVX-512 VNNI; a plain C loop elsewhere). The weight's in-features
+    nibbles times bytes (AVX-512 VNNI; AVX2's vpmaddubsw; a plain C loop elsewhere). The weight's in-features
     must be a multiple of 64. What the rounding costs: ``gemv_roof``'s error row, and chapter 02-2."""
     if not isinstance(layout, Int4Layout):
         raise ValueError(f"layout must be an Int4Layout (see int4_layout), got {type(layout).__name__}")
@@ -318,7 +331,8 @@ def gemv_int4_q8(x: torch.Tensor, layout: Int4Layout, *, threads: int | None = N
 
 
 def vnni() -> bool:
-    """Whether gemv_int4_q8 runs its vector path here (AVX-512 VNNI), not the plain C loop."""
+    """Whether gemv_int4_q8 runs its AVX-512 VNNI path here (a native build; else AVX2's vpmaddubsw where the CPU
+    has AVX2, else a plain C loop)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:

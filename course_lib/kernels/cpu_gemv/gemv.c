@@ -166,7 +166,9 @@ static inline __m512 i4_group512(const uint8_t *p, const float *e, const float *
    a shift, a logic op and an FMA, against two widenings, a conversion and an FMA above. Then
    sum_k w_k x_k = sum_g 16 s_g (sum_{k in g} f_k x_k - xg_g) + c_g xg_g, with the scales of a block's
    groups (4 at gs = 32) spread over its lanes by one permute. */
-#define I4_BLOCKED(K) (((K) & 127) == 0)
+/* rows of 128k weights in groups of 32, 64 or 128k inputs: a block's 16 lanes then take 4, 2 or 1 scales,
+   evenly; other group sizes (96, 192, ...) take the even/odd path */
+#define I4_BLOCKED(K, gs) (((K) & 127) == 0 && ((gs) == 32 || (gs) == 64 || ((gs) & 127) == 0))
 #define I4_NIB(v, q) ((q) <= 4 ? _mm512_slli_epi32((v), 19 - 4 * (q)) : _mm512_srli_epi32((v), 4 * (q) - 19))
 static inline __m512 i4_f(__m512i v, const __m512i mask, const __m512i one) {
     return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(v, mask, one, 0xEA)); /* (v & mask) | one */
@@ -212,7 +214,7 @@ static inline float i4_row_blocked(const float *xr, const float *xg, const uint8
 
 static inline float i4_row(const float *xe, const float *xo, const float *xg, const uint8_t *pr, const _Float16 *sr,
                            const _Float16 *cr, int64_t G, int64_t gs) {
-    if (I4_BLOCKED(G * gs)) return i4_row_blocked(xe, xg, pr, sr, cr, G, gs);
+    if (I4_BLOCKED(G * gs, gs)) return i4_row_blocked(xe, xg, pr, sr, cr, G, gs);
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     float sf[16] __attribute__((aligned(64)));
     int64_t g = 0;
@@ -240,7 +242,7 @@ static inline float i4_row(const float *xe, const float *xo, const float *xg, co
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + zero_term;
 }
 #elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-#define I4_BLOCKED(K) 0
+#define I4_BLOCKED(K, gs) 0
 /* 32 nibbles (16 bytes) against their 16 even and 16 odd inputs, into two accumulators. */
 static inline void i4_chunk(const uint8_t *p, const float *e, const float *o, __m256 *t0, __m256 *t1) {
     const __m128i low4 = _mm_set1_epi8(15);
@@ -291,7 +293,7 @@ static inline float i4_row(const float *xe, const float *xo, const float *xg, co
     return hsum((f32x8)_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3))) + zero_term;
 }
 #else
-#define I4_BLOCKED(K) 0
+#define I4_BLOCKED(K, gs) 0
 static inline float i4_row(const float *xe, const float *xo, const float *xg, const uint8_t *pr, const _Float16 *sr,
                            const _Float16 *cr, int64_t G, int64_t gs) {
     f32x8 acc0 = {0}, acc1 = {0};
@@ -341,7 +343,7 @@ static inline void group_sums(const float *xm, int64_t K, int64_t gs, float *xg)
 static inline void i4_prepare(const float *xm, int64_t K, int64_t gs, float *out) {
     const int64_t G = K / gs, half = K / 2;
     float *xe = out, *xo = xe + half, *xg = xo + half;
-    if (I4_BLOCKED(K)) /* i4_row_blocked's order: in each block of 128, x of weight 8j + q at 16q + j */
+    if (I4_BLOCKED(K, gs)) /* i4_row_blocked's order: in each block of 128, x of weight 8j + q at 16q + j */
         for (int64_t b = 0; b < K; b += 128)
             for (int64_t j = 0; j < 16; j++)
                 for (int64_t q = 0; q < 8; q++) out[b + 16 * q + j] = xm[b + 8 * j + q];
@@ -387,8 +389,9 @@ int gemv_i4(const float *x, const uint8_t *packed, const _Float16 *s, const _Flo
    the inputs are laid out as q of the even elements, then of the odd ones (64 bytes each); dword lane j
    then sums u.q over weights 8j .. 8j+7, which lie in one group and one activation block. The lanes become
    floats and take s_g d_b in one multiply-add. The offsets use the exact fp32 sums of x per group, as the
-   fp32 path does: only the u.x part sees the rounding. Without AVX-512 VNNI a plain C loop runs (correct,
-   slow; llama.cpp uses vpmaddubsw on AVX2). gs a multiple of 32. */
+   fp32 path does: only the u.x part sees the rounding. Without AVX-512 VNNI, AVX2's vpmaddubsw and vpmaddwd
+   do the same 32 bytes at a time (llama.cpp's AVX2 path); without AVX2 a plain C loop runs (correct, slow).
+   gs a multiple of 32. */
 #define Q8_BLOCK 32
 /* The prepared row: per 128 inputs 64 bytes of q (even elements) and 64 (odd), and where K is not a
    multiple of 128, the last 64 as 32 and 32; per 8 inputs one float, the activation scale d of the lane
@@ -427,6 +430,17 @@ static void i4q8_prepare(const float *xm, int64_t K, int64_t gs, float *out) {
     group_sums(xm, K, gs, xg);
 }
 
+#if defined(__AVX2__) && !(defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__))
+/* 32 packed bytes (64 weights) against the q of their even and odd inputs: 8 lanes of 8 weights each */
+static inline __m256i q8_dot64(const uint8_t *p, const int8_t *qe, const int8_t *qo, __m256i low4, __m256i ones) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)qe)),
+                                         _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)qo)));
+    return _mm256_madd_epi16(s16, ones);
+}
+#endif
+
 static inline float i4q8_row(const float *prep, const uint8_t *pr, const _Float16 *sr, const _Float16 *cr, int64_t K,
                              int64_t gs) {
     const int8_t *q = (const int8_t *)prep;
@@ -441,6 +455,7 @@ static inline float i4q8_row(const float *prep, const uint8_t *pr, const _Float1
     float off = _mm512_reduce_add_ps(z);
     for (; g < G; g++) off += (float)cr[g] * xg[g];
     const int64_t per = gs < 128 ? 128 / gs : 1;
+    const int lined_up = gs == 32 || gs == 64 || gs % 128 == 0; /* a block's lanes take 4, 2 or 1 scales */
     __m512i sidx = _mm512_setzero_si512();
     if (gs < 128) sidx = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), gs == 32 ? 2 : 3);
     const __m512i low4 = _mm512_set1_epi8(15);
@@ -451,8 +466,15 @@ static inline float i4q8_row(const float *prep, const uint8_t *pr, const _Float1
         __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512((const void *)(q + 128 * b)));
         t = _mm512_dpbusd_epi32(t, hi, _mm512_loadu_si512((const void *)(q + 128 * b + 64)));
         const int64_t g0 = (128 * b) / gs;
-        const __m128i sh = _mm_maskz_loadu_epi16((__mmask8)((1u << per) - 1), sr + g0);
-        const __m512 sv = _mm512_permutexvar_ps(sidx, _mm512_castps256_ps512(_mm256_cvtph_ps(sh)));
+        __m512 sv;
+        if (lined_up) {
+            const __m128i sh = _mm_maskz_loadu_epi16((__mmask8)((1u << per) - 1), sr + g0);
+            sv = _mm512_permutexvar_ps(sidx, _mm512_castps256_ps512(_mm256_cvtph_ps(sh)));
+        } else { /* groups of 96, 160, ...: lane j's 8 weights lie in group (128 b + 8 j) / gs */
+            float sl[16];
+            for (int64_t j = 0; j < 16; j++) sl[j] = (float)sr[(128 * b + 8 * j) / gs];
+            sv = _mm512_loadu_ps(sl);
+        }
         const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(t), _mm512_loadu_ps(dl + 16 * b));
         if (b & 1) acc1 = _mm512_fmadd_ps(f, sv, acc1);
         else acc0 = _mm512_fmadd_ps(f, sv, acc0);
@@ -470,6 +492,47 @@ static inline float i4q8_row(const float *prep, const uint8_t *pr, const _Float1
         for (int64_t j = 0; j < 8; j++) tail += fl[j] * (float)sr[(k0 + 8 * j) / gs];
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + tail + off;
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+    /* AVX2, llama.cpp's way: vpmaddubsw multiplies unsigned nibbles by signed bytes and adds pairs into 16
+       bits (at most 2 x 15 x 127 per pair, and the low and high nibbles' sums together 7,620: no
+       saturation), vpmaddwd by ones adds those into 32-bit lanes; 32 packed bytes (64 weights) at a time,
+       dword lane j summing weights 8j .. 8j+7 as on AVX-512. */
+    __m256 z = _mm256_setzero_ps(); /* the offsets, 8 groups at a time (one at a time was ~40% of a row) */
+    int64_t g = 0;
+    for (; g + 8 <= G; g += 8) z = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cr + g))), _mm256_loadu_ps(xg + g), z);
+    float off = hsum((f32x8)z);
+    for (; g < G; g++) off += (float)cr[g] * xg[g];
+    const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i first = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0), second = _mm256_set_epi32(3, 3, 3, 3, 2, 2, 2, 2);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 128 <= K; k += 128) { /* a block of 128: its two halves of 64 */
+        __m256 s0, s1; /* each lane's scale */
+        if (gs == 32) {
+            const __m256 s4 = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(sr + k / 32))));
+            s0 = _mm256_permutevar8x32_ps(s4, first);
+            s1 = _mm256_permutevar8x32_ps(s4, second);
+        } else if (gs % 64 == 0) {
+            s0 = _mm256_set1_ps((float)sr[k / gs]);
+            s1 = _mm256_set1_ps((float)sr[(k + 64) / gs]);
+        } else { /* groups of 96, 160, ...: lane j's 8 weights lie in group (k + 8 j) / gs */
+            float sl[16];
+            for (int64_t j = 0; j < 16; j++) sl[j] = (float)sr[(k + 8 * j) / gs];
+            s0 = _mm256_loadu_ps(sl);
+            s1 = _mm256_loadu_ps(sl + 8);
+        }
+        const __m256i t0 = q8_dot64(pr + k / 2, q + k, q + k + 64, low4, ones);
+        const __m256i t1 = q8_dot64(pr + k / 2 + 32, q + k + 32, q + k + 96, low4, ones);
+        acc0 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(t0), _mm256_loadu_ps(dl + k / 8)), s0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(t1), _mm256_loadu_ps(dl + k / 8 + 8)), s1, acc1);
+    }
+    if (k < K) { /* the last 64 inputs: their even ones' q, then their odd ones' */
+        float sl[8];
+        for (int64_t j = 0; j < 8; j++) sl[j] = (float)sr[(k + 8 * j) / gs];
+        const __m256i t = q8_dot64(pr + k / 2, q + k, q + k + 32, low4, ones);
+        acc0 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(t), _mm256_loadu_ps(dl + k / 8)), _mm256_loadu_ps(sl), acc0);
+    }
+    return hsum((f32x8)_mm256_add_ps(acc0, acc1)) + off;
 #else
     float off = 0.f;
     for (int64_t g = 0; g < G; g++) off += (float)cr[g] * xg[g];
