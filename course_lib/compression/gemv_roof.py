@@ -124,6 +124,23 @@ def _check_int(name, v, low=1):
         raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
 
 
+def _check_stream(stream_gbps) -> None:
+    if not (isinstance(stream_gbps, (int, float)) and stream_gbps > 0):
+        raise ValueError(f"stream_gbps must be a positive number (GB/s), got {stream_gbps!r}")
+
+
+def _checked_formats(formats, default) -> tuple:
+    """``formats`` (None: those of ``default`` that can run here), each checked to be known and runnable."""
+    formats = available_formats(default) if formats is None else tuple(formats)
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        raise ValueError(f"formats must be among {FORMATS}, got {bad}")
+    missing = [f for f in formats if f not in available_formats(formats)]
+    if missing:
+        raise ValueError(f"formats {missing} cannot run here (see available_formats); drop them")
+    return formats
+
+
 def _make(fmt: str, w: torch.Tensor):
     if fmt == "fp32":
         return Linear(w)
@@ -165,18 +182,11 @@ def gemv_roof(
     _check_int("in_features", in_features)
     _check_int("working_set", working_set)
     _check_int("repeats", repeats, 2)
-    if not (isinstance(stream_gbps, (int, float)) and stream_gbps > 0):
-        raise ValueError(f"stream_gbps must be a positive number (GB/s), got {stream_gbps!r}")
+    _check_stream(stream_gbps)
     rows = tuple(rows)
     for r in rows:
         _check_int("rows", r)
-    formats = available_formats() if formats is None else tuple(formats)
-    bad = [f for f in formats if f not in FORMATS]
-    if bad:
-        raise ValueError(f"formats must be among {FORMATS}, got {bad}")
-    missing = [f for f in formats if f not in available_formats(formats)]
-    if missing:
-        raise ValueError(f"formats {missing} cannot run here (see available_formats); drop them")
+    formats = _checked_formats(formats, FORMATS)
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(out_features, in_features, generator=gen) * 0.02
     out = []
@@ -228,15 +238,8 @@ def cache_roof(
     _check_int("out_features", out_features)
     _check_int("calls", calls)
     _check_int("repeats", repeats, 2)
-    if not (isinstance(stream_gbps, (int, float)) and stream_gbps > 0):
-        raise ValueError(f"stream_gbps must be a positive number (GB/s), got {stream_gbps!r}")
-    formats = available_formats(CACHE_FORMATS) if formats is None else tuple(formats)
-    bad = [f for f in formats if f not in FORMATS]
-    if bad:
-        raise ValueError(f"formats must be among {FORMATS}, got {bad}")
-    missing = [f for f in formats if f not in available_formats(formats)]
-    if missing:
-        raise ValueError(f"formats {missing} cannot run here (see available_formats); drop them")
+    _check_stream(stream_gbps)
+    formats = _checked_formats(formats, CACHE_FORMATS)
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(out_features, in_features, generator=gen) * 0.02
     x = torch.randn(1, in_features, generator=gen)

@@ -19,15 +19,12 @@ from course_lib.serving.server.engine_process import EngineProcess
 from course_lib.serving.server.metrics import ServerMetrics
 
 
-class ServerHandle:
-    """A running server: ``url``, ``port``, ``openai_base_url``, ``app``, ``engine_loop``; ``stop()`` or
-    use it as a context manager. Stopping aborts live requests and joins every thread it started."""
+class _Handle:
+    """What both kinds of running server answer: ``url``, ``openai_base_url``, and a context manager that
+    calls ``stop()``."""
 
-    def __init__(self, server, thread: threading.Thread, app, host: str, port: int) -> None:
-        self._server, self._thread, self.app = server, thread, app
-        self.host, self.port = host, port
-        self.engine_loop: EngineLoop | EngineProcess = app.state.engine_loop
-        self.metrics: ServerMetrics = app.state.metrics
+    host: str
+    port: int
 
     @property
     def url(self) -> str:
@@ -36,6 +33,26 @@ class ServerHandle:
     @property
     def openai_base_url(self) -> str:
         return self.url + "/v1"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class ServerHandle(_Handle):
+    """A running server: ``url``, ``port``, ``openai_base_url``, ``app``, ``engine_loop``; ``stop()`` or
+    use it as a context manager. Stopping aborts live requests and joins every thread it started."""
+
+    def __init__(self, server, thread: threading.Thread, app, host: str, port: int) -> None:
+        self._server, self._thread, self.app = server, thread, app
+        self.host, self.port = host, port
+        self.engine_loop: EngineLoop | EngineProcess = app.state.engine_loop
+        self.metrics: ServerMetrics = app.state.metrics
 
     @property
     def running(self) -> bool:
@@ -50,12 +67,6 @@ class ServerHandle:
             self._server.force_exit = True
             self._thread.join(timeout)
         self.engine_loop.stop()  # already stopped by the lifespan unless uvicorn was forced to exit
-
-    def __enter__(self) -> ServerHandle:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"ServerHandle({self.url}, running={self.running})"
@@ -128,7 +139,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-class SpawnedServer:
+class SpawnedServer(_Handle):
     """``python -m course_lib.serving.server`` running as a child process: ``url``, ``openai_base_url``,
     ``pid``, ``command``; ``stop()`` or use it as a context manager (terminate, then kill after 20 s)."""
 
@@ -150,14 +161,6 @@ class SpawnedServer:
         return self._log.read().decode(errors="replace")
 
     @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def openai_base_url(self) -> str:
-        return self.url + "/v1"
-
-    @property
     def pid(self) -> int:
         return self.proc.pid
 
@@ -173,12 +176,6 @@ class SpawnedServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-    def __enter__(self) -> SpawnedServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"SpawnedServer({self.url}, pid={self.pid}, running={self.running})"
