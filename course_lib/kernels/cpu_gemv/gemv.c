@@ -212,8 +212,86 @@ static inline float i4_row_blocked(const float *xr, const float *xg, const uint8
     return 16.f * _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + off;
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define I4_X24 1
+/* With VNNI, the same product in integers, still exact to fp32's own rounding: each block of 32 inputs
+   becomes 24-bit block floating point, X = rint(x / d) with d = 2^(e - 22) and 2^(e-1) <= max|x| < 2^e
+   (|X| <= 2^22: every input kept to 2^-23 of its block's largest, the bound a float sum of the block
+   already has), and X is split into three signed bytes, X = b0 + 2^8 b1 + 2^16 b2 (b0, b1 in
+   [-128, 127], |b2| <= 65). Then a 128-weight block is 6 vpdpbusd (two nibble halves times three byte
+   planes, 64 products each) and 4 shifts and adds to join the planes, where the float path spends 24
+   instructions widening and multiplying: on a CPU that retires few 512-bit instructions per ns, the
+   difference between its arithmetic roof and the memory roof (gemv_roof.cache_roof). The sums of u.X
+   fit int32 (at most 2^29); they become floats, then take d of their block and s of their group. The
+   layout per 128 inputs: 3 planes x (64 bytes for the even inputs, 64 for the odd), then per 8 inputs
+   the d of their block, then the fp32 sums per group (the offsets, as in the float path). */
+static void i4x24_prepare(const float *xm, int64_t K, int64_t gs, float *out) {
+    int8_t *q = (int8_t *)out;
+    float *dl = out + 3 * K / 4;
+    const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
+    for (int64_t b = 0; b < K; b += 128) {
+        int8_t *c = q + 3 * b;
+        for (int64_t i = 0; i < 4; i++) { /* a block of 32: its even inputs, then its odd ones */
+            const float *xb = xm + b + 32 * i;
+            const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            int e = 0;
+            if (amax > 0.f) frexpf(amax, &e);
+            const float d = amax > 0.f ? ldexpf(1.f, e - 22) : 0.f, inv = amax > 0.f ? ldexpf(1.f, 22 - e) : 0.f;
+            const __m512 halves[2] = {_mm512_permutex2var_ps(v0, ie, v1), _mm512_permutex2var_ps(v0, io, v1)};
+            for (int h = 0; h < 2; h++) {
+                __m512i X = _mm512_cvtps_epi32(_mm512_mul_ps(halves[h], _mm512_set1_ps(inv))); /* exact scaling */
+                for (int p = 0; p < 3; p++) { /* the low byte as signed, then the rest, exactly */
+                    _mm_storeu_si128((__m128i *)(c + 128 * p + 64 * h + 16 * i), _mm512_cvtepi32_epi8(X));
+                    const __m512i low = _mm512_srai_epi32(_mm512_slli_epi32(X, 24), 24);
+                    X = _mm512_srai_epi32(_mm512_sub_epi32(X, low), 8);
+                }
+            }
+            for (int64_t j = 4 * i; j < 4 * i + 4; j++) dl[b / 8 + j] = d; /* lanes 4i..4i+3 */
+        }
+    }
+    (void)gs; /* the per-group sums come after (i4_prepare) */
+}
+
+static inline float i4x24_row(const float *prep, const uint8_t *pr, const _Float16 *sr, const _Float16 *cr, int64_t K,
+                              int64_t gs) {
+    const int8_t *q = (const int8_t *)prep;
+    const float *dl = prep + 3 * K / 4, *xg = dl + K / 8;
+    const int64_t G = K / gs, per = gs < 128 ? 128 / gs : 1;
+    __m512 z = _mm512_setzero_ps();
+    int64_t g = 0;
+    for (; g + 16 <= G; g += 16) z = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(cr + g))), _mm512_loadu_ps(xg + g), z);
+    float off = _mm512_reduce_add_ps(z);
+    for (; g < G; g++) off += (float)cr[g] * xg[g];
+    __m512i sidx = _mm512_setzero_si512();
+    if (gs < 128) sidx = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), gs == 32 ? 2 : 3);
+    const __m512i low4 = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t b = 0; b < K / 128; b++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(pr + 64 * b));
+        const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        const int8_t *c = q + 384 * b;
+#define X24_PLANE(p) _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo, _mm512_loadu_si512((const void *)(c + 128 * (p)))), hi, \
+                                         _mm512_loadu_si512((const void *)(c + 128 * (p) + 64)))
+        const __m512i a0 = X24_PLANE(0), a1 = X24_PLANE(1), a2 = X24_PLANE(2);
+#undef X24_PLANE
+        const __m512i t = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(_mm512_slli_epi32(a2, 8), a1), 8), a0);
+        const __m128i sh = _mm_maskz_loadu_epi16((__mmask8)((1u << per) - 1), sr + (128 * b) / gs);
+        const __m512 sv = _mm512_permutexvar_ps(sidx, _mm512_castps256_ps512(_mm256_cvtph_ps(sh)));
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(t), _mm512_loadu_ps(dl + 16 * b));
+        if (b & 1) acc1 = _mm512_fmadd_ps(f, sv, acc1);
+        else acc0 = _mm512_fmadd_ps(f, sv, acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + off;
+}
+#endif
+
 static inline float i4_row(const float *xe, const float *xo, const float *xg, const uint8_t *pr, const _Float16 *sr,
                            const _Float16 *cr, int64_t G, int64_t gs) {
+#ifdef I4_X24
+    if (I4_BLOCKED(G * gs, gs)) return i4x24_row(xe, pr, sr, cr, G * gs, gs);
+#endif
     if (I4_BLOCKED(G * gs, gs)) return i4_row_blocked(xe, xg, pr, sr, cr, G, gs);
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     float sf[16] __attribute__((aligned(64)));
@@ -341,6 +419,13 @@ static inline void group_sums(const float *xm, int64_t K, int64_t gs, float *xg)
    K is a multiple of 128 on AVX-512, then its sums per group (xg: K/gs), back to back in out (K + K/gs
    floats). */
 static inline void i4_prepare(const float *xm, int64_t K, int64_t gs, float *out) {
+#ifdef I4_X24
+    if (I4_BLOCKED(K, gs)) { /* the integer path's layout (it fits in the K + K/gs floats) */
+        i4x24_prepare(xm, K, gs, out);
+        group_sums(xm, K, gs, out + 3 * K / 4 + K / 8);
+        return;
+    }
+#endif
     const int64_t G = K / gs, half = K / 2;
     float *xe = out, *xo = xe + half, *xg = xo + half;
     if (I4_BLOCKED(K, gs)) /* i4_row_blocked's order: in each block of 128, x of weight 8j + q at 16q + j */
