@@ -79,7 +79,7 @@ def main(argv=None) -> None:
                      fraction=r.fraction, spread=r.spread)
             )  # fmt: skip
         if a.cache_out:
-            cache = cache_roof(a.inf, stream_gbps=stream, out_features=a.cache_out, repeats=a.repeats)
+            cache = cache_roof(a.inf, stream_gbps=stream, out_features=a.cache_out, calls=50, repeats=2 * a.repeats)
             print(f"in cache: {a.cache_out} x {a.inf}, one copy, read again and again")
             print(table(cache))
             b = bound_verdicts(res, cache)
@@ -87,8 +87,8 @@ def main(argv=None) -> None:
             for r in cache:
                 in_cache.append(
                     dict(family=r.format.split()[0], format=r.format, path=r.path, rows=r.rows, threads=th,
-                         weight_bytes=r.weight_bytes, gbps=r.gbps, stream_gbps=stream, fraction=r.fraction,
-                         spread=r.spread)
+                         weight_bytes=r.weight_bytes, gbps=r.gbps, best_gbps=r.best_gbps, stream_gbps=stream,
+                         fraction=r.fraction, spread=r.spread)
                 )  # fmt: skip
             bounds += [dict(row, threads=th) for row in b]
     errs = bf16_activation_error()

@@ -115,6 +115,11 @@ class RoofRow:
         return self.gbps / self.stream_gbps
 
     @property
+    def best_gbps(self) -> float:
+        """GB/s of the fastest sample: a roof is the best a kernel does, not its typical call."""
+        return self.weight_bytes / min(self.samples) / 1e9
+
+    @property
     def spread(self) -> float:
         return relative_spread(self.samples) if len(self.samples) > 1 else 0.0
 
@@ -259,25 +264,27 @@ def cache_roof(
 
 
 def bound_verdicts(dram: list[RoofRow], cache: list[RoofRow], goal: float = GOAL) -> list[dict]:
-    """Per format timed both ways (one row): its DRAM rate, its in-cache rate, each ÷ STREAM, and which roof
-    is the lower: "arithmetic" where the kernel's in-cache rate is below STREAM (it cannot reach the memory
-    roof however it loads), else "memory"; ``reachable``: the goal is within the lower roof."""
+    """Per format timed both ways (one row): its DRAM rate (the median sample), its in-cache rate (the best
+    sample: a roof), each ÷ STREAM, and which roof is the lower: "arithmetic" where the kernel's in-cache
+    rate is below STREAM (it cannot reach the memory roof however it loads), else "memory";
+    ``reachable``: the goal is within the lower roof."""
     by_fmt = {(r.format, r.path): r for r in dram if r.rows == 1}
     rows = []
     for c in cache:
         d = by_fmt.get((c.format, c.path))
         if d is None:
             continue
-        lower = "arithmetic" if c.gbps < c.stream_gbps else "memory"
+        roof = c.best_gbps
+        lower = "arithmetic" if roof < c.stream_gbps else "memory"
         rows.append(
             {
                 "format": c.format,
                 "path": c.path,
                 "dram_fraction": d.fraction,
-                "cache_fraction": c.fraction,
+                "cache_fraction": roof / c.stream_gbps,
                 "lower_roof": lower,
-                "of_lower_roof": d.gbps / min(c.gbps, d.stream_gbps),
-                "reachable": min(c.fraction, 1.0) >= goal,
+                "of_lower_roof": d.gbps / min(roof, d.stream_gbps),
+                "reachable": min(roof / c.stream_gbps, 1.0) >= goal,
             }
         )
     return rows

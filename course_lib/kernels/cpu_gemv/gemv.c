@@ -212,8 +212,10 @@ static inline float i4_row_blocked(const float *xr, const float *xg, const uint8
     return 16.f * _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + off;
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define I4_X24 1
+/* rows of 64k inputs in groups that line up with the lanes (as I4_BLOCKED, the last 64 inputs in 256 bits) */
+#define X24_OK(K, gs) (((K) & 63) == 0 && ((gs) == 32 || (gs) == 64 || ((gs) & 127) == 0))
 /* With VNNI, the same product in integers, still exact to fp32's own rounding: each block of 32 inputs
    becomes 24-bit block floating point, X = rint(x / d) with d = 2^(e - 22) and 2^(e-1) <= max|x| < 2^e
    (|X| <= 2^22: every input kept to 2^-23 of its block's largest, the bound a float sum of the block
@@ -223,8 +225,9 @@ static inline float i4_row_blocked(const float *xr, const float *xg, const uint8
    instructions widening and multiplying: on a CPU that retires few 512-bit instructions per ns, the
    difference between its arithmetic roof and the memory roof (gemv_roof.cache_roof). The sums of u.X
    fit int32 (at most 2^29); they become floats, then take d of their block and s of their group. The
-   layout per 128 inputs: 3 planes x (64 bytes for the even inputs, 64 for the odd), then per 8 inputs
-   the d of their block, then the fp32 sums per group (the offsets, as in the float path). */
+   layout per 128 inputs: 3 planes x (64 bytes for the even inputs, 64 for the odd), and where K ends 64
+   past a multiple of 128 (SmolLM2's 576), the last 64 as 3 x (32 + 32); then per 8 inputs the d of their
+   block, then the fp32 sums per group (the offsets, as in the float path). */
 static void i4x24_prepare(const float *xm, int64_t K, int64_t gs, float *out) {
     int8_t *q = (int8_t *)out;
     float *dl = out + 3 * K / 4;
@@ -232,7 +235,8 @@ static void i4x24_prepare(const float *xm, int64_t K, int64_t gs, float *out) {
     const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
     for (int64_t b = 0; b < K; b += 128) {
         int8_t *c = q + 3 * b;
-        for (int64_t i = 0; i < 4; i++) { /* a block of 32: its even inputs, then its odd ones */
+        const int64_t n = K - b < 128 ? 64 : 128, half = n / 2; /* a chunk of 128, or the last 64 */
+        for (int64_t i = 0; i < n / 32; i++) { /* a block of 32: its even inputs, then its odd ones */
             const float *xb = xm + b + 32 * i;
             const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
             const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
@@ -243,7 +247,7 @@ static void i4x24_prepare(const float *xm, int64_t K, int64_t gs, float *out) {
             for (int h = 0; h < 2; h++) {
                 __m512i X = _mm512_cvtps_epi32(_mm512_mul_ps(halves[h], _mm512_set1_ps(inv))); /* exact scaling */
                 for (int p = 0; p < 3; p++) { /* the low byte as signed, then the rest, exactly */
-                    _mm_storeu_si128((__m128i *)(c + 128 * p + 64 * h + 16 * i), _mm512_cvtepi32_epi8(X));
+                    _mm_storeu_si128((__m128i *)(c + n * p + half * h + 16 * i), _mm512_cvtepi32_epi8(X));
                     const __m512i low = _mm512_srai_epi32(_mm512_slli_epi32(X, 24), 24);
                     X = _mm512_srai_epi32(_mm512_sub_epi32(X, low), 8);
                 }
@@ -283,14 +287,30 @@ static inline float i4x24_row(const float *prep, const uint8_t *pr, const _Float
         if (b & 1) acc1 = _mm512_fmadd_ps(f, sv, acc1);
         else acc0 = _mm512_fmadd_ps(f, sv, acc0);
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + off;
+    float tail = 0.f;
+    if (K % 128) { /* the last 64 inputs: the same in 256-bit registers, 8 lanes */
+        const int64_t k0 = K - 64;
+        const int8_t *c = q + 3 * k0;
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(pr + k0 / 2)), l4 = _mm256_set1_epi8(15), z8 = _mm256_setzero_si256();
+        const __m256i lo = _mm256_and_si256(v, l4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), l4);
+#define X24_TAIL(p) _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(z8, lo, _mm256_loadu_si256((const __m256i *)(c + 64 * (p)))), hi, \
+                                        _mm256_loadu_si256((const __m256i *)(c + 64 * (p) + 32)))
+        const __m256i a0 = X24_TAIL(0), a1 = X24_TAIL(1), a2 = X24_TAIL(2);
+#undef X24_TAIL
+        const __m256i t = _mm256_add_epi32(_mm256_slli_epi32(_mm256_add_epi32(_mm256_slli_epi32(a2, 8), a1), 8), a0);
+        float sl[8];
+        for (int64_t j = 0; j < 8; j++) sl[j] = (float)sr[(k0 + 8 * j) / gs];
+        const __m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(t), _mm256_loadu_ps(dl + k0 / 8)), _mm256_loadu_ps(sl));
+        tail = hsum((f32x8)f);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + tail + off;
 }
 #endif
 
 static inline float i4_row(const float *xe, const float *xo, const float *xg, const uint8_t *pr, const _Float16 *sr,
                            const _Float16 *cr, int64_t G, int64_t gs) {
 #ifdef I4_X24
-    if (I4_BLOCKED(G * gs, gs)) return i4x24_row(xe, pr, sr, cr, G * gs, gs);
+    if (X24_OK(G * gs, gs)) return i4x24_row(xe, pr, sr, cr, G * gs, gs);
 #endif
     if (I4_BLOCKED(G * gs, gs)) return i4_row_blocked(xe, xg, pr, sr, cr, G, gs);
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
@@ -420,7 +440,7 @@ static inline void group_sums(const float *xm, int64_t K, int64_t gs, float *xg)
    floats). */
 static inline void i4_prepare(const float *xm, int64_t K, int64_t gs, float *out) {
 #ifdef I4_X24
-    if (I4_BLOCKED(K, gs)) { /* the integer path's layout (it fits in the K + K/gs floats) */
+    if (X24_OK(K, gs)) { /* the integer path's layout (it fits in the K + K/gs floats) */
         i4x24_prepare(xm, K, gs, out);
         group_sums(xm, K, gs, out + 3 * K / 4 + K / 8);
         return;
