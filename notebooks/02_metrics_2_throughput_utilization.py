@@ -448,7 +448,10 @@ plt.show()
 # kernels take bf16 activations to be fast (given fp32 activations they leave their vectorized path); the
 # course's kernels keep them in fp32 and widen each weight to fp32 in registers instead, which costs
 # instructions: on a CPU without wide integer dot products (AVX2) the int8 and int4 products can run out
-# of arithmetic before they run out of bandwidth, so compare their GB/s with the fp32 row's. The printed
+# of arithmetic before they run out of bandwidth, so compare their GB/s with the fp32 row's. (Where the CPU
+# has AVX-512 VNNI, the course's int4 kernel keeps fp32's accuracy in integers instead: each block of 32
+# activations becomes 24-bit block floating point, three signed bytes per input, and 128 weights take six
+# integer dot-product instructions where widening takes 24; the next section measures what that leaves.) The printed
 # error is what each way costs against the fp32 reference, to set beside the weights' own int8/int4
 # rounding (the course's int4 keeps its scales in fp16, as Q4_1 does).
 # The `int8-dyn` row goes one step further, as llama.cpp's own Q8_0 and Q4_1 kernels do (they round
@@ -468,10 +471,11 @@ plt.show()
 # ### Which roof is lower: memory, or the kernel's own arithmetic?
 #
 # A GEMV below the goal may wait on memory (too few loads in flight) or on its own instructions: the
-# int8 and int4 kernels widen every weight before they multiply (the AVX-512 int4 kernel spends a shift, a
-# mask-and-or and a multiply-add per 16 weights; the fp32 kernel only the multiply-add). The two are told
+# int8 and int4 kernels do work per weight before they multiply (the AVX-512 int4 kernel without VNNI
+# spends a shift, a mask-and-or and a multiply-add per 16 weights; with VNNI, six integer dot products and
+# four shifts and adds per 128; the fp32 kernel only a multiply-add per 16). The two are told
 # apart by taking memory away: the same kernels on one weight small enough to stay in the caches, read
-# again and again (`gemv_roof.cache_roof`). A kernel slower than STREAM there cannot reach STREAM from
+# again and again (`gemv_roof.cache_roof`, its best sample: a roof). A kernel slower than STREAM there cannot reach STREAM from
 # DRAM whatever it prefetches: on this CPU its arithmetic is the lower roof, and the table says how close
 # the DRAM run came to that one. The in-cache rate also carries each call's fixed work (the Python call,
 # preparing the activations), which weighs more the smaller the weight: 1,024 rows here, as the recorded run.

@@ -233,7 +233,8 @@ my_int4_speedup = None  # e.g. 8.0
 
 # %% [markdown]
 # On a CPU the layer runs the course's hand-written GEMV (`kernels.cpu_gemv`: the integers widened to fp32
-# in registers, the activations kept in fp32) where a C compiler built it, else PyTorch's packed kernels
+# in registers, the activations kept in fp32; on a CPU with AVX-512 VNNI, int4 in integer dot products on
+# activations kept to fp32's accuracy as 24-bit block floating point) where a C compiler built it, else PyTorch's packed kernels
 # (`aten._weight_int8pack_mm`, `aten._weight_int4pack_mm_for_cpu`, the ones gpt-fast uses, with bf16
 # activations; chapter 02-2 times both); on a GPU, the course's Triton kernels
 # (`course_lib/kernels/quant_matmul/`), which dequantize in registers. bf16 `F.linear` (half the bytes of

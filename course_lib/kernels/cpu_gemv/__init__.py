@@ -10,7 +10,9 @@ weight once, a block of rows at a time over all threads, with the activations in
 - ``rms_norm(x, w, eps)``: RMSNorm of a decode step's few rows (torch's reduction costs 20-30 µs a call on
   the 2-core VM, ~60 calls a SmolLM2 step; this one a few µs);
 - ``gemv_int4(x, layout)``: int4 in groups (``Int4Layout``: the nibbles, an fp16 scale and offset per
-  group, llama.cpp's Q4_1 layout at groups of 32);
+  group, llama.cpp's Q4_1 layout at groups of 32); on AVX-512 VNNI, rows of 64k inputs in groups of 32, 64
+  or 128k run in integers: each block of 32 activations as 24-bit block floating point (three signed byte
+  planes, exact to 2^-23 of the block's largest), 6 ``vpdpbusd`` per 128 weights;
 - ``gemv_int4_q8(x, layout)``: the same weights with the activations rounded to int8 per block of 32
   first (llama.cpp's trade; AVX-512 VNNI, or AVX2's vpmaddubsw), opt-in: its error is what chapter 02-2 shows beside its speed.
 Each is tested against ``F.linear`` on the dequantized weight (``tests/test_cpu_gemv.py``), for 1 to
@@ -307,7 +309,8 @@ def int4_layout(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, g
 
 
 def gemv_int4(x: torch.Tensor, layout: Int4Layout, *, threads: int | None = None) -> torch.Tensor:
-    """``x @ layout.dequantize().T`` without making the float weight: the nibbles become floats in registers."""
+    """``x @ layout.dequantize().T`` without making the float weight: the nibbles become floats in registers
+    (on AVX-512 VNNI, integer dot products with the activations as 24-bit block floating point)."""
     if not isinstance(layout, Int4Layout):
         raise ValueError(f"layout must be an Int4Layout (see int4_layout), got {type(layout).__name__}")
     n, k = layout.shape

@@ -40,13 +40,14 @@ typedef struct {
 } model_t;
 
 /* Inside a parallel region: y (M, N) = x (M, K) W^T, or y += that when acc (the residual). scr holds
-   M * (kmax + kmax / 32) floats for the int4 path's rearranged inputs. Ends on a barrier. */
+   M rows of pad16(kmax + kmax / 32) floats for the int4 path's rearranged inputs, 64-byte aligned. Ends on a
+   barrier. */
 static void lin_run(const lin_t *L, const float *x, float *y, int64_t M, int acc, float *scr) {
     const int64_t N = L->N, K = L->K;
     const float *bias = L->bias;
     if (L->kind == 2 || L->kind == 3) { /* int4; kind 3 rounds the activations to int8 per 32 (gemv_i4_q8) */
         const int q8 = L->kind == 3;
-        const int64_t gs = L->gs, G = K / gs, half = K / 2, P = q8 ? i4q8_prep_floats(K, gs) : K + G;
+        const int64_t gs = L->gs, G = K / gs, half = K / 2, P = pad16(q8 ? i4q8_prep_floats(K, gs) : K + G);
         const uint8_t *packed = L->w;
         const _Float16 *s = L->s, *c = L->c;
 #pragma omp for schedule(static)
@@ -133,7 +134,8 @@ static void attend_one(const float *q, const float *keys, const float *vals, int
     }
 }
 
-/* Floats of work memory decode_step needs for M rows. */
+/* Floats of work memory decode_step needs for M rows (the + 32: the int4 scratch starts, and each row's part
+   of it, on a cache line). */
 int64_t decode_work_floats(const model_t *m, int64_t M) {
     const int64_t Q = (m->H + 2 * m->Hkv) * m->hd;
     return M * (2 * m->D + Q + m->H * m->hd + 3 * m->F + m->H * m->max_len + m->kmax + m->kmax / 32 + 32);
@@ -146,7 +148,8 @@ int decode_step(const model_t *md, const int64_t *ids, const int64_t *pos, const
     const int64_t D = md->D, H = md->H, Hkv = md->Hkv, hd = md->hd, F = md->F, T = md->max_len;
     const int64_t Q = (H + 2 * Hkv) * hd, group = H / Hkv, row_stride = Hkv * T * hd;
     float *x = work, *h = x + M * D, *qkv = h + M * D, *att = qkv + M * Q, *gu = att + M * H * hd;
-    float *act = gu + M * 2 * F, *sc = act + M * F, *scr = sc + M * H * T;
+    float *act = gu + M * 2 * F, *sc = act + M * F;
+    float *scr = (float *)(((uintptr_t)(sc + M * H * T) + 63) & ~(uintptr_t)63); /* on a cache line (pad16) */
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
