@@ -30,6 +30,7 @@ from course_lib.engine.engine import Engine
 from course_lib.engine.fast_decode import DECODE_MODES, FastDecoder
 from course_lib.engine.sampling import SamplingParams
 from course_lib.engine.scheduler import SchedulerConfig
+from course_lib.kernels import cpu_gemv
 from course_lib.measure.bench import benchmark
 from course_lib.measure.claims import claim, relative_spread
 
@@ -215,7 +216,7 @@ def record(path: Path = RECORDED, models=("tiny-target", "smollm2-135m-instruct"
     rows = []
     for name in models:
         engine = Engine(name, config=SchedulerConfig(max_model_len=256, max_num_seqs=2))
-        rows += lever_rows(engine, name, ("eager", "fused", "compiled"))
+        rows += lever_rows(engine, name, ("eager", "fused", "compiled") + (("native",) if cpu_gemv.available() else ()))
         print(format_rows(rows), flush=True)
         del engine
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
