@@ -27,6 +27,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def _row(r, threads: int, **more) -> dict:
+    """One RoofRow as the JSON the ledger reads."""
+    return dict(family=r.format.split()[0], format=r.format, path=r.path, rows=r.rows, threads=threads,
+                weight_bytes=r.weight_bytes, gbps=r.gbps, stream_gbps=r.stream_gbps, fraction=r.fraction,
+                spread=r.spread, **more)  # fmt: skip
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=int, default=4096, help="out_features")
@@ -72,24 +79,14 @@ def main(argv=None) -> None:
         )
         print(f"\n{th} thread(s): STREAM triad {stream:.1f} GB/s; weight {a.out} x {a.inf}")
         print(table(res))
-        for r in res:
-            rows.append(
-                dict(family=r.format.split()[0], format=r.format, path=r.path, rows=r.rows, threads=th,
-                     weight_bytes=r.weight_bytes, copies=r.copies, gbps=r.gbps, stream_gbps=stream,
-                     fraction=r.fraction, spread=r.spread)
-            )  # fmt: skip
+        rows += [_row(r, th, copies=r.copies) for r in res]
         if a.cache_out:
             cache = cache_roof(a.inf, stream_gbps=stream, out_features=a.cache_out, calls=50, repeats=2 * a.repeats)
             print(f"in cache: {a.cache_out} x {a.inf}, one copy, read again and again")
             print(table(cache))
             b = bound_verdicts(res, cache)
             print(bound_table(b))
-            for r in cache:
-                in_cache.append(
-                    dict(family=r.format.split()[0], format=r.format, path=r.path, rows=r.rows, threads=th,
-                         weight_bytes=r.weight_bytes, gbps=r.gbps, best_gbps=r.best_gbps, stream_gbps=stream,
-                         fraction=r.fraction, spread=r.spread)
-                )  # fmt: skip
+            in_cache += [_row(r, th, best_gbps=r.best_gbps) for r in cache]
             bounds += [dict(row, threads=th) for row in b]
     errs = bf16_activation_error()
     print("\nmax error / max |y| against fp32 activations on the same weights:")

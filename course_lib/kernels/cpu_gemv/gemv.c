@@ -180,6 +180,17 @@ static inline __m512 i4_f(__m512i v, const __m512i mask, const __m512i one) {
     return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(v, mask, one, 0xEA)); /* (v & mask) | one */
 }
 
+/* sum_g c_g xg_g: the offsets' part of an int4 row, 16 groups at a time (one at a time was one serial add per
+   group: longer than the products themselves at K = 4,096) */
+static inline float offsets512(const _Float16 *cr, const float *xg, int64_t G) {
+    __m512 z = _mm512_setzero_ps();
+    int64_t g = 0;
+    for (; g + 16 <= G; g += 16) z = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(cr + g))), _mm512_loadu_ps(xg + g), z);
+    float off = _mm512_reduce_add_ps(z);
+    for (; g < G; g++) off += (float)cr[g] * xg[g];
+    return off;
+}
+
 static inline float i4_row_blocked(const float *xr, const float *xg, const uint8_t *pr, const _Float16 *sr,
                                    const _Float16 *cr, int64_t G, int64_t gs) {
     const int64_t K = G * gs, per = gs < 128 ? 128 / gs : 1; /* groups per 128-weight block */
@@ -269,11 +280,7 @@ static inline float i4x24_row(const float *prep, const uint8_t *pr, const _Float
     const int8_t *q = (const int8_t *)prep;
     const float *dl = prep + 3 * K / 4, *xg = dl + K / 8;
     const int64_t G = K / gs, per = gs < 128 ? 128 / gs : 1;
-    __m512 z = _mm512_setzero_ps();
-    int64_t g = 0;
-    for (; g + 16 <= G; g += 16) z = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(cr + g))), _mm512_loadu_ps(xg + g), z);
-    float off = _mm512_reduce_add_ps(z);
-    for (; g < G; g++) off += (float)cr[g] * xg[g];
+    const float off = offsets512(cr, xg, G);
     __m512i sidx = _mm512_setzero_si512();
     if (gs < 128) sidx = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), gs == 32 ? 2 : 3);
     const __m512i low4 = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
@@ -338,12 +345,7 @@ static inline float i4_row(const float *xe, const float *xo, const float *xg, co
         for (int64_t j = g * (gs / 2); j < (g + 1) * (gs / 2); j += 16) t = _mm512_add_ps(t, i4_group512(pr + j, xe + j, xo + j));
         acc0 = _mm512_fmadd_ps(t, _mm512_set1_ps((float)sr[g]), acc0);
     }
-    __m512 z = _mm512_setzero_ps();
-    g = 0;
-    for (; g + 16 <= G; g += 16) z = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(cr + g))), _mm512_loadu_ps(xg + g), z);
-    float zero_term = _mm512_reduce_add_ps(z);
-    for (; g < G; g++) zero_term += (float)cr[g] * xg[g];
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + zero_term;
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + offsets512(cr, xg, G);
 }
 #elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #define I4_BLOCKED(K, gs) 0
@@ -558,13 +560,7 @@ static inline float i4q8_row(const float *prep, const uint8_t *pr, const _Float1
     const float *dl = prep + K / 4, *xg = dl + K / 8;
     const int64_t G = K / gs;
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    /* the offsets, 16 groups at a time (a scalar loop here was one serial add per group: longer than the
-       products themselves at K = 4,096) */
-    __m512 z = _mm512_setzero_ps();
-    int64_t g = 0;
-    for (; g + 16 <= G; g += 16) z = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(cr + g))), _mm512_loadu_ps(xg + g), z);
-    float off = _mm512_reduce_add_ps(z);
-    for (; g < G; g++) off += (float)cr[g] * xg[g];
+    const float off = offsets512(cr, xg, G);
     const int64_t per = gs < 128 ? 128 / gs : 1;
     const int lined_up = gs == 32 || gs == 64 || gs % 128 == 0; /* a block's lanes take 4, 2 or 1 scales */
     __m512i sidx = _mm512_setzero_si512();
