@@ -52,10 +52,16 @@ def _llama_row(fmt: str, key: str):
     return read
 
 
+def _best_gemv_row(d, fmt: str) -> dict | None:
+    """The format family's fastest 1-row product in ``benchmarks/gemv_roof.py``'s rows."""
+    rows = [r for r in d.get("rows", []) if r.get("family") == fmt and r.get("rows") == 1]
+    return max(rows, key=lambda r: r["fraction"], default=None)
+
+
 def _gemv(fmt: str):
     def read(d):
-        vals = [r["fraction"] for r in d.get("rows", []) if r.get("family") == fmt and r.get("rows") == 1]
-        return max(vals) if vals else None
+        best = _best_gemv_row(d, fmt)
+        return None if best is None else best["fraction"]
 
     return read
 
@@ -65,11 +71,7 @@ def _gemv_bound(fmt: str):
     roof is the lower on that machine, memory or the kernel's arithmetic."""
 
     def read(d):
-        best = max(
-            (r for r in d.get("rows", []) if r.get("family") == fmt and r.get("rows") == 1),
-            key=lambda r: r["fraction"],
-            default=None,
-        )
+        best = _best_gemv_row(d, fmt)
         if best is None:
             return None
         for b in d.get("bounds", []):

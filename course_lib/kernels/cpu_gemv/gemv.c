@@ -37,11 +37,14 @@ static inline f32x8 ld8(const int8_t *p) {
 }
 static inline f32x8 u4f(u8x8 v) { return __builtin_convertvector(__builtin_convertvector(v, i32x8), f32x8); }
 #endif
-/* The rearranged inputs are read with 64-byte loads: each row's part of a scratch buffer starts on a cache
-   line (a buffer from malloc is only 16-byte aligned, and one load in four then straddled two lines: the
-   int4 kernels' speed in cache changed by 1.7x from one process to the next with malloc's addresses). */
+/* The rearranged inputs are read with 64-byte loads, so each row's part of a scratch buffer starts on a cache
+   line (malloc only promises 16 bytes, and a straddling load touches two lines). */
 static inline int64_t pad16(int64_t floats) { return (floats + 15) & ~(int64_t)15; }
 static inline float *scratch_alloc(int64_t floats) { return aligned_alloc(64, sizeof(float) * pad16(floats)); }
+
+/* Groups whose scales line up with a 128-input block's 16 lanes of 8 weights: 4, 2 or 1 scale per block
+   (32, 64 or 128k inputs); other sizes (96, 160, 192, ...) take per-lane scales or the even/odd path. */
+#define LINED_UP(gs) ((gs) == 32 || (gs) == 64 || ((gs) & 127) == 0)
 
 static inline float hsum(f32x8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
 
@@ -172,9 +175,8 @@ static inline __m512 i4_group512(const uint8_t *p, const float *e, const float *
    a shift, a logic op and an FMA, against two widenings, a conversion and an FMA above. Then
    sum_k w_k x_k = sum_g 16 s_g (sum_{k in g} f_k x_k - xg_g) + c_g xg_g, with the scales of a block's
    groups (4 at gs = 32) spread over its lanes by one permute. */
-/* rows of 128k weights in groups of 32, 64 or 128k inputs: a block's 16 lanes then take 4, 2 or 1 scales,
-   evenly; other group sizes (96, 192, ...) take the even/odd path */
-#define I4_BLOCKED(K, gs) (((K) & 127) == 0 && ((gs) == 32 || (gs) == 64 || ((gs) & 127) == 0))
+/* rows of 128k weights in lined-up groups; the others take the even/odd path */
+#define I4_BLOCKED(K, gs) (((K) & 127) == 0 && LINED_UP(gs))
 #define I4_NIB(v, q) ((q) <= 4 ? _mm512_slli_epi32((v), 19 - 4 * (q)) : _mm512_srli_epi32((v), 4 * (q) - 19))
 static inline __m512 i4_f(__m512i v, const __m512i mask, const __m512i one) {
     return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(v, mask, one, 0xEA)); /* (v & mask) | one */
@@ -232,7 +234,7 @@ static inline float i4_row_blocked(const float *xr, const float *xg, const uint8
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define I4_X24 1
 /* rows of 64k inputs in groups that line up with the lanes (as I4_BLOCKED, the last 64 inputs in 256 bits) */
-#define X24_OK(K, gs) (((K) & 63) == 0 && ((gs) == 32 || (gs) == 64 || ((gs) & 127) == 0))
+#define X24_OK(K, gs) (((K) & 63) == 0 && LINED_UP(gs))
 /* With VNNI, the same product in integers, still exact to fp32's own rounding: each block of 32 inputs
    becomes 24-bit block floating point, X = rint(x / d) with d = 2^(e - 22) and 2^(e-1) <= max|x| < 2^e
    (|X| <= 2^22: every input kept to 2^-23 of its block's largest, the bound a float sum of the block
@@ -562,7 +564,7 @@ static inline float i4q8_row(const float *prep, const uint8_t *pr, const _Float1
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
     const float off = offsets512(cr, xg, G);
     const int64_t per = gs < 128 ? 128 / gs : 1;
-    const int lined_up = gs == 32 || gs == 64 || gs % 128 == 0; /* a block's lanes take 4, 2 or 1 scales */
+    const int lined_up = LINED_UP(gs);
     __m512i sidx = _mm512_setzero_si512();
     if (gs < 128) sidx = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), gs == 32 ? 2 : 3);
     const __m512i low4 = _mm512_set1_epi8(15);
