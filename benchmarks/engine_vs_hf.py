@@ -9,7 +9,8 @@ bandwidth (weight bytes / step time) beside this machine's measured STREAM bandw
 Goals (engine-architecture issue): >= 1.6x HF at batch 1 and >= 1.5x at batch 8 on tiny-target;
 stretch goals: >= 3x HF on tiny-target, >= 60% of STREAM on bench-80m. Not a test: timings are noisy.
 ``--decode`` is the engine's decode step (``Engine(decode=...)``); auto: "native" (the whole step in one C
-call) on a CPU where the course's kernels build, else "eager". Batches of 5+ run the eager step either way.
+call) on a CPU where the course's kernels build, "cudagraph" on a CUDA device, else "eager". The native
+step takes batches of up to 4 (5+ run the eager step); the graph step has batch buckets up to 64.
 """
 
 import argparse
@@ -41,7 +42,12 @@ def main() -> None:
     args = parser.parse_args()
     decode = args.decode
     if decode == "auto":
-        decode = "native" if str(args.device) == "cpu" and args.dtype == "fp32" and cpu_gemv.available() else "eager"
+        if str(args.device).startswith("cuda"):
+            decode = "cudagraph"  # one graph replay per step (falls back to fused, with a warning, if capture fails)
+        else:
+            decode = (
+                "native" if str(args.device) == "cpu" and args.dtype == "fp32" and cpu_gemv.available() else "eager"
+            )
     if args.model in SPECS and args.model not in EMBEDDED:
         engine = Engine(*random_model(args.model, device=args.device, dtype=args.dtype), decode=decode)
     else:

@@ -131,6 +131,129 @@ def test_cudagraph_on_cpu_routes_to_fused_with_a_message(tiny):
     assert [r.output_ids for r in fast.generate(PROMPTS, p)] == [r.output_ids for r in tiny.generate(PROMPTS, p)]
 
 
+class _ReplayGraph:
+    """A CUDA graph's contract, on a CPU: capture records the ops one call ran on fixed tensors; replay runs
+    those ops again, on the same input tensors, and leaves the results in the tensors the capture returned.
+    Python in the step runs once, at capture, exactly as with a real graph, so a step that reads its inputs
+    anywhere but its static buffers, or bakes a value into Python, replays stale."""
+
+    def __init__(self) -> None:
+        self.ops: list = []
+        self.replays = 0
+
+    def replay(self) -> None:
+        from torch.utils._pytree import tree_leaves, tree_map
+
+        self.replays += 1
+        new: dict[int, torch.Tensor] = {}
+        sub = lambda a: new.get(id(a), a) if isinstance(a, torch.Tensor) else a  # noqa: E731
+        for func, args, kwargs, out in self.ops:
+            got = func(*tree_map(sub, args), **tree_map(sub, kwargs))
+            for o, g in zip(tree_leaves(out), tree_leaves(got)):
+                if isinstance(o, torch.Tensor):
+                    new[id(o)] = g
+        for _, _, _, out in self.ops:  # the captured buffers (not views) take the replayed values
+            for o in tree_leaves(out):
+                if isinstance(o, torch.Tensor) and o._base is None and new[id(o)].data_ptr() != o.data_ptr():
+                    o.copy_(new[id(o)])
+
+
+def _fake_cuda_graphs(monkeypatch):
+    """torch.cuda's graph API replaced by ``_ReplayGraph``; a host sync during capture raises, as CUDA's does.
+    The course's C kernels (ctypes calls, invisible to the dispatcher, and never on a GPU) are switched off,
+    so a step is torch ops only, as on a GPU."""
+    import contextlib
+
+    from course_lib.kernels import cpu_gemv
+
+    monkeypatch.setattr(cpu_gemv, "available", lambda: False)
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+    SYNCS = (aten._local_scalar_dense.default, aten.item.default, aten.is_nonzero.default)  # int(t), t.item(), bool(t)
+
+    class Record(TorchDispatchMode):
+        """Runs each op (its outputs are the graph's buffers) and notes what it wrote in existing memory, to
+        put back afterwards: a real capture only records, it runs nothing."""
+
+        def __init__(self, graph):
+            super().__init__()
+            self.graph, self.saved = graph, {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in SYNCS:
+                raise RuntimeError("operation not permitted when stream is capturing (a host sync: .item())")
+            given = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
+            for a in func._schema.arguments:
+                t = given.get(a.name)
+                if isinstance(t, torch.Tensor) and a.alias_info is not None and a.alias_info.is_write:
+                    self.saved.setdefault((t.data_ptr(), t.shape, t.stride()), (t, t.clone()))
+            out = func(*args, **kwargs)
+            self.graph.ops.append((func, args, kwargs, out))
+            return out
+
+    @contextlib.contextmanager
+    def graph(g, *a, **k):
+        rec = Record(g)
+        with rec:
+            yield
+        for t, before in reversed(list(rec.saved.values())):
+            t.copy_(before)
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _ReplayGraph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+
+
+def test_graph_capture_and_replay_plumbing_on_cpu(tiny, monkeypatch):
+    """The graph path's own code (static buffers, batch buckets, the warm-up's restored slot, graphs
+    dropped when the cache is new) against eager, with torch.cuda's graph API emulated: greedy output
+    identical over 12 steps at batches 1 and 3, every step a replay. What it cannot check: CUDA's own
+    capture rules beyond host syncs (``test_cudagraph_replay_equals_eager`` does, on a GPU)."""
+    _fake_cuda_graphs(monkeypatch)
+    p = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    ref = Engine(tiny.hf_model, tiny.tokenizer, config=tiny.config, linear="reference")  # torch's products, as on a GPU
+    for batch in (1, 3):
+        want = [r.output_ids for r in ref.generate(PROMPTS[:batch], p)]
+        fast = Engine(tiny.hf_model, tiny.tokenizer, config=tiny.config, linear="reference", decode="fused")
+        fast.fast.mode = fast.fast.requested = "cudagraph"  # on a CPU the constructor routes it to fused
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a capture failure would fall back with a warning
+            got = [r.output_ids for r in fast.generate(PROMPTS[:batch], p)]
+        assert got == want
+        graphs = fast.fast._graphs
+        assert fast.fast.mode == "cudagraph" and set(graphs) == {bucket(batch, fast.fast.batch_buckets)}
+        assert sum(g.replays for g, _, _ in graphs.values()) == 11  # every decode step after the prefill's token
+
+
+def test_graph_capture_refuses_a_host_sync(tiny, monkeypatch):
+    """A step that reads a value to Python during capture (CUDA refuses it) falls back with one warning."""
+    _fake_cuda_graphs(monkeypatch)
+    from course_lib.engine import fast_decode
+
+    real = fast_decode.decode_forward
+
+    def syncing(model, k, v, ids, *rest):
+        int(ids[0])  # a host sync
+        return real(model, k, v, ids, *rest)
+
+    monkeypatch.setattr(fast_decode, "decode_forward", syncing)
+    fast = Engine(tiny.hf_model, tiny.tokenizer, config=tiny.config, linear="reference", decode="fused")
+    fast.fast.mode = "cudagraph"
+    p = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    with pytest.warns(UserWarning, match="CUDA graph capture failed"):
+        got = [r.output_ids for r in fast.generate(PROMPTS[:1], p)]
+    assert fast.fast.mode == "fused" and got == [r.output_ids for r in tiny.generate(PROMPTS[:1], p)]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 @pytest.mark.parametrize("batch", [1, 3])
 def test_cudagraph_replay_equals_eager(batch):

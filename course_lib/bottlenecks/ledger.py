@@ -91,11 +91,56 @@ def _tiny_hf(d):
     return None
 
 
+def _section_rows(d, section: str) -> list:
+    """A GPU record section's rows: gpu_collect.py stores each benchmark's JSON as written, a list of rows
+    (the 2026-11-30 record) or ``{"meta": ..., "rows": [...]}`` (the benchmarks since)."""
+    sec = d.get(section) if isinstance(d, dict) else None
+    rows = sec.get("rows", []) if isinstance(sec, dict) else sec
+    return [r for r in rows or [] if isinstance(r, dict)]
+
+
 def _gpu_step_ms(d):
-    for r in d.get("engine_vs_hf", []) if isinstance(d, dict) else []:
+    for r in _section_rows(d, "engine_vs_hf"):
         if r.get("batch") == 1 and "step_ms_engine" in r:
             return r["step_ms_engine"]
     return None
+
+
+def _gpu_step_context(d):
+    """The engine's decode mode in that run, and each lever's µs per step (``step_levers``) when it ran."""
+    sec = d.get("engine_vs_hf") if isinstance(d, dict) else None
+    out = {"decode": sec.get("meta", {}).get("decode")} if isinstance(sec, dict) else {}
+    levers = {
+        r["lever"]: round(r["step_us"]) for r in _section_rows(d, "step_levers") if "lever" in r and "step_us" in r
+    }
+    if levers:
+        out["step_us_per_lever"] = levers
+    return out or None
+
+
+MBU_SHAPE, MBU_DTYPE = "llama-3.2-1b", "bf16"
+
+
+def _mbu_rows(d) -> list:
+    """``benchmarks/decode_mbu.py``'s rows of the goal's shape and dtype."""
+    return [r for r in _section_rows(d, "decode_mbu") if r.get("shape") == MBU_SHAPE and r.get("dtype") == MBU_DTYPE]
+
+
+def _gpu_mbu(d):
+    return max((r["mbu"] for r in _mbu_rows(d) if "mbu" in r), default=None)
+
+
+def _gpu_mbu_context(d):
+    rows = _mbu_rows(d)
+    if not rows:
+        return None
+    b = max(rows, key=lambda r: r.get("mbu", 0))
+    return {
+        "best_lever": b.get("lever"),
+        "gbps": round(b.get("gbps", 0)),
+        "bandwidth_gbps": round(b.get("bandwidth_gbps", 0)),
+        "mbu_per_lever": {r.get("lever"): round(r.get("mbu", 0), 3) for r in rows},
+    }
 
 
 LLAMA_CMD = (
@@ -166,17 +211,19 @@ GOALS = (
         "tiny-target decode step on the H200, ms (not a ratio)",
         GPU,
         _gpu_step_ms,
-        "bash benchmarks/gpu_check.sh (on a lent GPU)",
+        "bash benchmarks/gpu_check.sh (on a lent GPU: benchmarks/engine_vs_hf.py --device cuda, decode auto = cudagraph)",
         at_most=0.5,
         gpu=True,
+        context=_gpu_step_context,
     ),
     Goal(
         "Llama-3.2-1B-shape bf16 batch-1 decode, GB/s ÷ measured HBM",
         GPU,
-        lambda d: d.get("llama_1b_decode_mbu"),
-        "none yet (needs a lent GPU)",
+        _gpu_mbu,
+        "bash benchmarks/gpu_check.sh (on a lent GPU: benchmarks/decode_mbu.py --device cuda)",
         0.6,
         gpu=True,
+        context=_gpu_mbu_context,
     ),
 )
 
@@ -261,6 +308,17 @@ def summary(ledger: dict) -> str:
             lines.append(
                 f"    the same kernel in cache: {c['cache_fraction']:.2f} of STREAM ({c.get('threads')} threads): "
                 f"the lower roof is {c['lower_roof']}, and the product reads at {c['of_lower_roof']:.0%} of it"
+            )
+        if "mbu_per_lever" in c:
+            each = ", ".join(f"{k} {v:.0%}" for k, v in c["mbu_per_lever"].items())
+            lines.append(
+                f"    best lever {c['best_lever']}: {c['gbps']} of {c['bandwidth_gbps']} GB/s measured; per lever: {each}"
+            )
+        if "step_us_per_lever" in c or "decode" in c:
+            each = ", ".join(f"{k} {v} µs" for k, v in c.get("step_us_per_lever", {}).items())
+            lines.append(
+                f"    the engine's decode mode: {c.get('decode', 'not recorded')}"
+                + (f"; one step per lever: {each}" if each else "")
             )
     return "\n".join(lines)
 

@@ -24,6 +24,8 @@ SECTIONS = {  # section name → the file gpu_check.sh writes for it
     "quant_kernels": "quant_kernels.json",
     "flash_decoding": "flash_decoding.json",
     "engine_vs_hf": "engine_vs_hf.json",
+    "decode_mbu": "decode_mbu.json",
+    "step_levers": "step_levers.json",
 }
 
 
