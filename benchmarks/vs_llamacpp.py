@@ -284,6 +284,10 @@ def main(argv=None) -> int:
     if args.model != MODEL and args.prefill + 16 > 1024:
         print(f"--prefill {args.prefill} does not fit {args.model}'s 1,024-token context; use --prefill 512")
         return 2
+    from course_lib.measure.microbench import dram_triad_gbps
+
+    stream = dram_triad_gbps()  # this run's roof, stored with it: chapter 02-2 reads the rates against it
+    print(f"STREAM triad at {args.threads} threads: {stream:.1f} GB/s")
     files = llama_files(Path(args.cache), args.formats, args.model)
     rows = []
     for fmt in args.formats:
@@ -322,7 +326,7 @@ def main(argv=None) -> int:
     if args.json:
         meta = dict(model=args.model, machine=detect_device().describe(), threads=args.threads, torch=torch.__version__,
                     load_average_before=load_before, load_average_after=os.getloadavg()[0],
-                    llama_cpp_python=llama_cpp.__version__, date=time.strftime("%Y-%m-%d"),
+                    llama_cpp_python=llama_cpp.__version__, date=time.strftime("%Y-%m-%d"), stream_gbps=stream,
                     command="python benchmarks/vs_llamacpp.py " + " ".join(argv or sys.argv[1:]))  # fmt: skip
         Path(args.json).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
         print(f"wrote {args.json}")

@@ -87,7 +87,7 @@ import transformers
 
 import course_lib
 from course_lib import serving
-from course_lib.bottlenecks import mfu_bound, roof_check, time_floors
+from course_lib.bottlenecks import decode_mbu, mfu_bound, roof_check, time_floors
 from course_lib.bottlenecks.engine_vs_hf import PROMPT, engine_vs_hf, format_rows
 from course_lib.compression import gemv_roof, int8_dyn_record, requant
 from course_lib.core import memory
@@ -360,6 +360,31 @@ not_the_goal = utilization_checks.low_mfu_can_be_optimal(
 )
 
 # %% [markdown]
+# ### A model no cache holds, on every machine it was run on
+#
+# SmolLM2's 538 MB outgrows most last-level caches, but a server CPU's can hold hundreds of MB (the VM the
+# recorded runs below come from has 300 MiB). A 1B model is where the regime stops being in doubt: Llama-3.2-1B's shape (16 layers, hidden 2048, a 128k vocabulary) reads 2.5 GB per step in bf16 and
+# 4.9 GB in fp32. `benchmarks/decode_mbu.py` builds it with random weights (a step's speed does not depend on
+# their values, and nothing is downloaded) and times one batch-1 step per decode lever of part 1, section 2b.
+# The prediction to test: on a CPU, where a step takes a tenth of a second or more, the few hundred ops
+# of the eager step cost little next to the bytes, so every lever should sit near the roof; on a GPU
+# reading at 4 TB/s the same step's bytes take about 0.6 ms, no longer than launching a few hundred ops one
+# by one from Python (microseconds each), so there the eager step should fall well short and the
+# CUDA-graph step should come close (the engine's goal is ≥ 60% of the measured bandwidth on a lent H200).
+# Every stored run, with where it ran:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+mbu_runs = decode_mbu.stored_runs()
+print(decode_mbu.format_stored(mbu_runs))
+mbu_verdicts = decode_mbu.stored_verdicts(mbu_runs)
+if not any(run["gpu"] for run in mbu_runs):
+    print(
+        "no GPU run is stored yet: `bash benchmarks/gpu_check.sh 300 engine` on a CUDA machine, then "
+        "`python benchmarks/gpu_collect.py $OUT`, adds one to data/measurements/<gpu>.json"
+    )
+
+# %% [markdown]
 # ### The products at the roof: one GEMV per weight format, and the peer
 #
 # A batch-1 decode step is a chain of GEMVs: one row times every weight. Its MBU can only be as high as
@@ -426,17 +451,26 @@ m = peer["meta"]
 print(f"recorded {m['date']} on {m['machine']}")
 print(f"  {m['threads']} threads, load average {m['load_average_before']:.1f} before, by: {m['command']}")
 peer_rows = gemv_roof.achieved_bandwidth(peer, cshape, BW / 1e9)
+peer_roof = peer_rows[0]["stream_gbps"]
+if "stream_gbps" in m:
+    print(f"  fractions of that run's own STREAM triad: {peer_roof:.1f} GB/s at {m['threads']} threads")
+else:
+    print(f"  fractions of this machine's STREAM ({peer_roof:.1f} GB/s): the record stores no roof of its own")
 print(gemv_roof.peer_table(peer_rows))
 peer_verdicts = gemv_roof.peer_verdicts(peer_rows)
-bars = [(f"GEMV {r.format} ({r.rows} row)", r.gbps) for r in roof if r.rows == 1]
-bars.append((f"SmolLM2 decode b=1, this run ({DT})", cu["decode b=1"]["mbu"] * BW / 1e9))
-for r in peer_rows:
-    bars += [
-        (f"engine {r['format']} (recorded)", r["engine_gbps"]),
-        (f"llama.cpp {r['format']} (recorded)", r["llama_gbps"]),
-    ]
-ax = gemv_roof.bandwidth_bars(bars, BW / 1e9)
-ax.set_title("achieved bandwidth against the measured roof (section 1's)")
+bars_now = [(f"GEMV {r.format} ({r.rows} row)", r.gbps) for r in roof if r.rows == 1]
+bars_now.append((f"SmolLM2 decode b=1 ({DT})", cu["decode b=1"]["mbu"] * BW / 1e9))
+bars_rec = [
+    (f"{who} {r['format']}", r[key])
+    for r in peer_rows
+    for who, key in (("engine", "engine_gbps"), ("llama.cpp", "llama_gbps"))
+]
+fig, (ax_now, ax_rec) = plt.subplots(1, 2, figsize=(12, 0.35 * len(bars_rec) + 1.2))
+gemv_roof.bandwidth_bars(bars_now, BW / 1e9, ax=ax_now)
+ax_now.set_title("this run, against this machine's roof (section 1's)", fontsize=10)
+gemv_roof.bandwidth_bars(bars_rec, peer_roof, ax=ax_rec)
+ax_rec.set_title(f"the recorded run ({m['date']}), against its roof", fontsize=10)
+fig.tight_layout()
 plt.show()
 
 # %% [markdown]
@@ -444,7 +478,10 @@ plt.show()
 # say how far each kernel is from that on this machine, and the recorded rows say the same of the whole
 # engine against a peer on identical weights. Read the two together: an engine streams no faster than
 # its large products, so a format whose GEMV misses the goal caps that format's decode too, and
-# llama.cpp's bars show what hand-written kernels reach on the same memory bus. torch's int8 and int4
+# llama.cpp's bars show what hand-written kernels reach on the same memory bus. Each side is read against
+# the roof of the machine it ran on (the recorded run stores its own STREAM). A fraction above 100% means
+# some of the bytes came from the cache, not from DRAM: set a format's weight bytes (SmolLM2's 538 MB in
+# fp32, a quarter of that in int8, less in int4) beside the LLC in the recorded machine's line. torch's int8 and int4
 # kernels take bf16 activations to be fast (given fp32 activations they leave their vectorized path); the
 # course's kernels keep them in fp32 and widen each weight to fp32 in registers instead, which costs
 # instructions: on a CPU without wide integer dot products (AVX2) the int8 and int4 products can run out

@@ -20,6 +20,15 @@ def test_claim_held_and_not(capsys):
     assert not claim("below", 5.0, at_most=4.0)
 
 
+def test_claim_says_whose_measurement_it_is(capsys):
+    claim("x is small", 1.0, at_most=2.0)
+    assert "✅ holds on this machine: x is small" in capsys.readouterr().out
+    claim("x is small", 3.0, at_most=2.0, where="in the recorded run (2026-12-06)")
+    assert "✗ does not hold in the recorded run (2026-12-06): x is small" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="where"):
+        claim("x", 1.0, at_least=1, where="")
+
+
 def test_claim_bad_input():
     with pytest.raises(ValueError, match="threshold"):
         claim("x", 1.0)

@@ -111,6 +111,22 @@ def test_a_gpu_runs_files_reach_the_ledger(tmp_path, rows):
     assert "best lever" in text and "decode mode: fused" in text
 
 
+def test_stored_runs_are_every_file_and_gpu_section(tmp_path, rows, capsys):
+    rec = D.as_record(rows, "cmd", "a CPU")
+    (tmp_path / "decode-mbu-cpu.json").write_text(json.dumps(rec))
+    (tmp_path / "nvidia-h200.json").write_text(json.dumps({"gpu": "H200", "decode_mbu": rec}))
+    (tmp_path / "other.json").write_text(json.dumps({"rows": [1]}))
+    runs = D.stored_runs(tmp_path)
+    assert [(r["where"], r["gpu"]) for r in runs] == [("decode-mbu-cpu.json", False), ("nvidia-h200.json", True)]
+    assert "a CPU" in D.format_stored(runs) and "MBU divides by that machine's measured 10 GB/s" in D.format_stored(
+        runs
+    )
+    verdicts = D.stored_verdicts(runs)
+    assert len(verdicts) == 2 and "in the recorded run (nvidia-h200.json" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="measurements must be a folder"):
+        D.stored_runs(tmp_path / "nope")
+
+
 def test_the_ledger_reads_the_old_list_form_too():
     old = {"engine_vs_hf": [{"batch": 1, "step_ms_engine": 3.4}]}
     assert L._gpu_step_ms(old) == 3.4 and L._gpu_mbu(old) is None

@@ -139,6 +139,10 @@ def test_bytes_per_token_and_achieved_bandwidth():
     (row,) = gr.achieved_bandwidth(rec, s, stream_gbps=fp32 * 40 / 1e9)
     assert row["ratio"] == 0.5 and row["engine_fraction"] == pytest.approx(0.25)
     assert row["llama_fraction"] == pytest.approx(0.5)
+    paired = {"format": "fp32", "engine_tok_s": 10.0, "llama_tok_s": 20.0, "ratio": 0.6, "ratio_range": [0.4, 0.7]}
+    (row,) = gr.achieved_bandwidth({"rows": [paired]}, s, stream_gbps=1.0)
+    assert row["ratio"] == 0.6  # the record's paired median, as the ledger reads it, not 10 / 20
+    assert "0.40-0.70" in gr.peer_table([row])
     with pytest.raises(ValueError, match="record"):
         gr.achieved_bandwidth([], s, 1.0)
     with pytest.raises(ValueError, match="format"):

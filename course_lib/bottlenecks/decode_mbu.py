@@ -161,8 +161,8 @@ def best(rows: list[MbuRow]) -> MbuRow:
     return max(rows, key=lambda r: r.mbu)
 
 
-def goal_verdict(row: MbuRow, goal: float = GOAL):
-    """Verdict: ``row`` reads at ≥ ``goal`` of the measured bandwidth."""
+def goal_verdict(row: MbuRow, goal: float = GOAL, where: str = "on this machine"):
+    """Verdict: ``row`` reads at ≥ ``goal`` of the measured bandwidth (``where``: whose run, see ``claim``)."""
     return claim(
         f"{row.shape} {row.dtype} on {row.device}, the {row.lever} step: {row.gbps:.0f} GB/s of "
         f"{row.bandwidth_gbps:.0f} measured is at least {goal:.0%} of the bandwidth",
@@ -171,6 +171,7 @@ def goal_verdict(row: MbuRow, goal: float = GOAL):
         spread=row.spread,
         why_not="per-op launch or dispatch time, not bytes, still sets this step's time (or the products read "
         "below the copy rate)",
+        where=where,
     )
 
 
@@ -198,15 +199,71 @@ def as_record(rows: list[MbuRow], command: str, machine: str) -> dict:
     }
 
 
+def stored_runs(measurements=None) -> list[dict]:
+    """Every stored run of ``benchmarks/decode_mbu.py``: the ``decode-mbu-*.json`` files and the ``decode_mbu``
+    section of each GPU record (``<gpu>.json``, written by ``benchmarks/gpu_collect.py``) under
+    ``measurements`` (default ``data/measurements``), each as ``{"where", "gpu", "meta", "rows"}``."""
+    import json
+    from pathlib import Path
+
+    from course_lib.core.paths import data_dir
+
+    folder = Path(measurements) if measurements is not None else data_dir() / "measurements"
+    if not folder.is_dir():
+        raise ValueError(f"measurements must be a folder, got {str(folder)!r}")
+    runs = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(data, dict):
+            continue
+        gpu = isinstance(data.get("decode_mbu"), dict)
+        rec = data["decode_mbu"] if gpu else (data if path.name.startswith("decode-mbu-") else None)
+        if isinstance(rec, dict) and rec.get("rows"):
+            runs.append({"where": path.name, "gpu": gpu, "meta": rec.get("meta", {}), "rows": rec["rows"]})
+    return runs
+
+
+def stored_verdicts(runs: list[dict], goal: float = GOAL) -> list:
+    """One goal verdict per stored run, on its best lever, labelled with the run's file and date."""
+    return [
+        goal_verdict(
+            best([MbuRow(**r) for r in run["rows"]]),
+            goal,
+            where=f"in the recorded run ({run['where']}, {run['meta'].get('date', 'undated')})",
+        )
+        for run in runs
+    ]
+
+
+def format_stored(runs: list[dict]) -> str:
+    """The stored runs, each with its file, machine, date and command, then its rows."""
+    out = []
+    for run in runs:
+        m = run["meta"]
+        out.append(f"{run['where']}: recorded {m.get('date', '?')} on {m.get('machine', '?')}")
+        rows = [MbuRow(**r) for r in run["rows"]]
+        out.append(
+            f"  by: {m.get('command', '?')}; MBU divides by that machine's measured {rows[0].bandwidth_gbps:.0f} GB/s"
+        )
+        out.append(format_rows(rows))
+    return "\n".join(out)
+
+
 __all__ = [
     "GOAL",
-    "SHAPES",
     "MbuRow",
+    "SHAPES",
     "as_record",
     "best",
     "format_rows",
+    "format_stored",
     "goal_verdict",
     "mbu_rows",
     "random_llama",
     "resolve_shape",
+    "stored_runs",
+    "stored_verdicts",
 ]

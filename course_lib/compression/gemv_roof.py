@@ -374,12 +374,18 @@ RECORDED_FORMATS = {
 }
 
 
-def achieved_bandwidth(record: dict, shape, stream_gbps: float) -> list[dict]:
+def achieved_bandwidth(record: dict, shape, stream_gbps: float | None = None) -> list[dict]:
     """Per row of a ``benchmarks/vs_llamacpp.py`` record: decode tok/s × bytes per token = GB/s for the
-    engine and llama.cpp, and each as a fraction of ``stream_gbps``. llama.cpp's head is counted in the
-    file's layer format (an approximation: its output tensor type may differ)."""
+    engine and llama.cpp, and each as a fraction of the STREAM triad the record measured in its run
+    (``meta["stream_gbps"]``), or of ``stream_gbps`` for a record without one (then say whose roof it is).
+    llama.cpp's head is counted in the file's layer format (an approximation: its output tensor type may
+    differ). Each row carries the roof it was divided by (``stream_gbps``)."""
     if not isinstance(record, dict) or "rows" not in record:
         raise ValueError("record must be the JSON of benchmarks/vs_llamacpp.py (a dict with 'rows')")
+    stream_gbps = record.get("meta", {}).get("stream_gbps") or stream_gbps
+    if stream_gbps is None:
+        raise ValueError("the record has no meta['stream_gbps']: pass stream_gbps (GB/s), and say whose roof it is")
+    _check_stream(stream_gbps)
     out = []
     for row in record["rows"]:
         fmt = row["format"]
@@ -395,8 +401,12 @@ def achieved_bandwidth(record: dict, shape, stream_gbps: float) -> list[dict]:
                 llama_gbps=l_gbps,
                 engine_fraction=e_gbps / stream_gbps,
                 llama_fraction=l_gbps / stream_gbps,
-                ratio=row["engine_tok_s"] / row["llama_tok_s"],
+                # the record's own ratio: the median of its rounds' paired ratios (the ledger's number), which
+                # a ratio of the two sides' median tok/s can differ from when the machine's speed drifted
+                ratio=row.get("ratio", row["engine_tok_s"] / row["llama_tok_s"]),
+                ratio_range=row.get("ratio_range"),
                 goal=row.get("goal"),
+                stream_gbps=stream_gbps,
             )
         )
     return out
@@ -421,10 +431,11 @@ def peer_verdicts(rows: list[dict]) -> dict:
     """One ``claim`` per format of ``achieved_bandwidth``'s rows: engine ÷ llama.cpp >= the issue's goal."""
     return {
         r["format"]: claim(
-            f"{r['format']} decode: engine ÷ llama.cpp >= {r['goal']:g}x (recorded)",
+            f"{r['format']} decode: engine ÷ llama.cpp >= {r['goal']:g}x",
             r["ratio"],
             at_least=r["goal"],
             why_not="the engine's per-op dispatch and its GEMVs below the roof (the table above) cost the difference",
+            where="in the recorded run",
         )
         for r in rows
         if r.get("goal") is not None
@@ -471,11 +482,16 @@ def bandwidth_bars(items, stream_gbps: float, goal: float = GOAL, ax=None):
 
 def peer_table(rows: list[dict]) -> str:
     """``achieved_bandwidth``'s rows as a table: GB/s and fraction of STREAM for both sides, the ratio."""
-    head = f"{'format':<8}{'engine GB/s':>12}{'of STREAM':>10}{'llama.cpp GB/s':>16}{'of STREAM':>10}{'ratio':>7}{'goal':>6}"
+    head = (
+        f"{'format':<8}{'engine GB/s':>12}{'of STREAM':>10}{'llama.cpp GB/s':>16}{'of STREAM':>10}{'ratio':>7}"
+        f"{'(rounds)':>13}{'goal':>6}"
+    )
     lines = [head]
     for r in rows:
+        rng = r.get("ratio_range")
+        rounds = f"{rng[0]:.2f}-{rng[1]:.2f}" if rng else "-"
         lines.append(
             f"{r['format']:<8}{r['engine_gbps']:>12.1f}{r['engine_fraction']:>10.0%}{r['llama_gbps']:>16.1f}"
-            f"{r['llama_fraction']:>10.0%}{r['ratio']:>7.2f}{r['goal'] if r['goal'] is not None else '-':>6}"
+            f"{r['llama_fraction']:>10.0%}{r['ratio']:>7.2f}{rounds:>13}{r['goal'] if r['goal'] is not None else '-':>6}"
         )
     return "\n".join(lines)

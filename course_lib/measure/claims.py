@@ -58,6 +58,7 @@ def claim(
     unit: str = "",
     why_not: str = "",
     spread=None,
+    where: str = "on this machine",
 ) -> Verdict:
     """Print whether ``statement`` held: ``measured`` >= ``at_least`` and/or <= ``at_most``.
 
@@ -70,9 +71,14 @@ def claim(
     :func:`relative_spread`). When the threshold lies inside ``measured × (1 ± spread)``, this run cannot
     decide the claim: the line says "inside the noise on this machine" (and which way this run fell), and
     the verdict's ``inside_noise`` is set. ``held`` still reports this run.
+
+    ``where`` says whose measurement it is: "on this machine" (a number this run measured) or, for a number
+    read from a stored record, e.g. "in the recorded run (2026-12-06, <machine>)".
     """
     if not isinstance(statement, str) or not statement.strip():
         raise ValueError(f"statement must be a non-empty string, got {statement!r}")
+    if not isinstance(where, str) or not where.strip():
+        raise ValueError(f"where must be a non-empty string (e.g. 'on this machine'), got {where!r}")
     if at_least is None and at_most is None:
         raise ValueError("give at_least=, at_most= or both: a claim needs a threshold")
     value = _number("measured", measured)
@@ -97,15 +103,15 @@ def claim(
     if noisy:
         way = "held" if held else "missed"
         print(
-            f"≈ inside the noise on this machine: {statement} ({head}; run-to-run spread ±{spread:.0%}, "
+            f"≈ inside the noise {where}: {statement} ({head}; run-to-run spread ±{spread:.0%}, "
             f"so the threshold is within it; this run {way})"
         )
         return Verdict(held, statement, margin, inside_noise=True)
     if held:
-        print(f"✅ holds on this machine: {statement} ({head})")
+        print(f"✅ holds {where}: {statement} ({head})")
     else:
         reason = f"\n   likely reason: {why_not}" if why_not else ""
-        print(f"✗ does not hold on this machine: {statement} ({head}){reason}")
+        print(f"✗ does not hold {where}: {statement} ({head}){reason}")
     return Verdict(held, statement, margin)
 
 

@@ -97,6 +97,15 @@ def measure_bandwidth(
     return _time_peak(fn, cost, dev, f"STREAM {kind} {name}", repeats or pick(8, 20), name)
 
 
+def dram_triad_gbps(repeats: int = 8) -> float:
+    """A CPU's STREAM triad, best of ``repeats``, at torch's current thread count, on arrays of half
+    max(256 MiB, 4 × the LLC) each (``benchmarks/gemv_roof.py``'s working set): the DRAM roof a benchmark
+    records beside its own rates, so that a stored GB/s is read against the machine it was measured on."""
+    llc = detect_device("cpu").cache_bytes or 0
+    t = measure_bandwidth("triad", n_bytes=max(256 * 2**20, 4 * llc) // 2, device="cpu", repeats=repeats)
+    return t.rate(t.bytes, best=True) / 1e9
+
+
 def measure_matmul(dtype: str = "fp32", *, n: int | None = None, device: str | None = None, repeats: int | None = None):
     """Time an n×n×n matmul in ``dtype``; 2·n³ FLOPs. Returns a ``bench.Timing`` (``tflops``)."""
     name = canonical(dtype)
