@@ -11,8 +11,11 @@ cycling through copies of its weight until it reads ``--working-set`` MiB. Also 
 handling of the activations costs in error against fp32 activations. Then the course's GEMV kernels on one
 ``--cache-out`` × ``--in`` weight read over and over (``gemv_roof.cache_roof``: it stays in the caches), the
 rate each reaches with DRAM out of the way, and per format which roof is the lower (``bound_verdicts``: a
-kernel slower than STREAM in cache is bound by its arithmetic). Writes JSON (machine, load average, command) that
-``benchmarks/ledger.py`` reads. Not a test: timings are noisy on a shared machine.
+kernel slower than STREAM in cache is bound by its arithmetic). Every sample is paired with one STREAM triad
+pass timed just before it (``gemv_roof.triad_sampler``), and a row's fraction is the median of the pairs'
+ratios: a shared machine whose speed drifts over minutes moves both sides of a pair alike. Writes JSON
+(machine, load average, command, each row's STREAM samples) that ``benchmarks/ledger.py`` reads. Not a test:
+timings are noisy on a shared machine.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ def _row(r, threads: int, **more) -> dict:
     """One RoofRow as the JSON the ledger reads."""
     return dict(family=r.format.split()[0], format=r.format, path=r.path, rows=r.rows, threads=threads,
                 weight_bytes=r.weight_bytes, gbps=r.gbps, stream_gbps=r.stream_gbps, fraction=r.fraction,
-                spread=r.spread, **more)  # fmt: skip
+                spread=r.spread, stream_samples=list(r.stream_samples), **more)  # fmt: skip
 
 
 def main(argv=None) -> None:
@@ -62,6 +65,7 @@ def main(argv=None) -> None:
         cache_roof,
         gemv_roof,
         table,
+        triad_sampler,
     )
     from course_lib.measure.hardware.device import detect_device
     from course_lib.measure.microbench import measure_bandwidth
@@ -74,19 +78,24 @@ def main(argv=None) -> None:
         torch.set_num_threads(th)
         t = measure_bandwidth("triad", n_bytes=a.working_set * 2**20 // 2, repeats=8)
         stream = t.rate(t.bytes, best=True) / 1e9
+        sampler = triad_sampler(a.working_set * 2**20 // 2)  # one triad pass before each GEMV sample: paired ratios
         res = gemv_roof(
-            a.out, a.inf, stream_gbps=stream, rows=a.rows, working_set=a.working_set * 2**20, repeats=a.repeats
-        )
-        print(f"\n{th} thread(s): STREAM triad {stream:.1f} GB/s; weight {a.out} x {a.inf}")
+            a.out, a.inf, stream_gbps=stream, rows=a.rows, working_set=a.working_set * 2**20, repeats=a.repeats,
+            stream_sample=sampler,
+        )  # fmt: skip
+        print(f"\n{th} thread(s): STREAM triad {stream:.1f} GB/s (best of 8); weight {a.out} x {a.inf}")
         print(table(res))
         rows += [_row(r, th, copies=r.copies) for r in res]
         if a.cache_out:
-            cache = cache_roof(a.inf, stream_gbps=stream, out_features=a.cache_out, calls=50, repeats=2 * a.repeats)
+            cache = cache_roof(
+                a.inf, stream_gbps=stream, out_features=a.cache_out, calls=50, repeats=2 * a.repeats,
+                stream_sample=sampler,
+            )  # fmt: skip
             print(f"in cache: {a.cache_out} x {a.inf}, one copy, read again and again")
             print(table(cache))
             b = bound_verdicts(res, cache)
             print(bound_table(b))
-            in_cache += [_row(r, th, best_gbps=r.best_gbps) for r in cache]
+            in_cache += [_row(r, th, best_gbps=r.best_gbps, best_fraction=r.best_fraction) for r in cache]
             bounds += [dict(row, threads=th) for row in b]
     errs = bf16_activation_error()
     print("\nmax error / max |y| against fp32 activations on the same weights:")

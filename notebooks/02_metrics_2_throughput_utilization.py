@@ -89,7 +89,7 @@ import course_lib
 from course_lib import serving
 from course_lib.bottlenecks import decode_mbu, mfu_bound, roof_check, time_floors
 from course_lib.bottlenecks.engine_vs_hf import PROMPT, engine_vs_hf, format_rows
-from course_lib.compression import gemv_roof, int8_dyn_record, requant
+from course_lib.compression import gemv_roof, int8_dyn_record, peer_roof, requant
 from course_lib.core import memory
 from course_lib.engine import Engine
 from course_lib.engine.sampling import SamplingParams
@@ -397,9 +397,10 @@ if not any(run["gpu"] for run in mbu_runs):
 # channel and int4 asymmetric in groups of 32 (llama.cpp's Q4_1 layout) on the course's GEMV (what the
 # engine picks where it is built) and on torch's packed kernels (`aten._weight_int8pack_mm`,
 # `aten._weight_int4pack_mm_for_cpu`: the `bf16` rows, which round the activations to bf16). Each cycles
-# through copies until a pass reads 2× the LLC (4× in full mode), so no format is served from the cache. It divides by a
-# STREAM triad timed just before, with the same threads and under the same load, and prints the roof the
-# MBU above divides by beside it. (Where no C compiler is found, the course's rows are left out and the
+# through copies until a pass reads 2× the LLC (4× in full mode), so no format is served from the cache. Each
+# sample is divided by one STREAM triad pass timed just before it, with the same threads and under the same
+# load, and a row's fraction is the median of those paired ratios: a shared machine whose speed drifts during
+# the cell moves both sides of a pair alike. The cell prints the roof the MBU above divides by beside it. (Where no C compiler is found, the course's rows are left out and the
 # engine keeps to torch's kernels.)
 #
 # *Your prediction first:* what fraction of STREAM does the fp32 product reach at one row, and does
@@ -420,8 +421,15 @@ if CUDA:
 else:
     triad = microbench.measure_bandwidth("triad", repeats=course_lib.pick(4, 8))  # arrays past the LLC
     stream_now = triad.rate(triad.bytes, best=True) / 1e9  # same threads, same load as the products
+    paired = gemv_roof.triad_sampler(microbench.default_array_bytes())  # one triad pass before each sample
     roof = gemv_roof.gemv_roof(
-        g_n, g_n, stream_gbps=stream_now, rows=(1, 4), working_set=WS, repeats=course_lib.pick(3, 5)
+        g_n,
+        g_n,
+        stream_gbps=stream_now,
+        rows=(1, 4),
+        working_set=WS,
+        repeats=course_lib.pick(3, 5),
+        stream_sample=paired,
     )
     print(
         f"{g_n} x {g_n} weight; each format cycles through >= {WS / 2**20:.0f} MiB = {WS / LLC:.1f}x the LLC; "
@@ -446,18 +454,18 @@ else:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-peer = gemv_roof.recorded_llamacpp()
+peer = peer_roof.recorded_llamacpp()
 m = peer["meta"]
 print(f"recorded {m['date']} on {m['machine']}")
 print(f"  {m['threads']} threads, load average {m['load_average_before']:.1f} before, by: {m['command']}")
-peer_rows = gemv_roof.achieved_bandwidth(peer, cshape, BW / 1e9)
+peer_rows = peer_roof.achieved_bandwidth(peer, cshape, BW / 1e9)
 peer_roof = peer_rows[0]["stream_gbps"]
 if "stream_gbps" in m:
     print(f"  fractions of that run's own STREAM triad: {peer_roof:.1f} GB/s at {m['threads']} threads")
 else:
     print(f"  fractions of this machine's STREAM ({peer_roof:.1f} GB/s): the record stores no roof of its own")
-print(gemv_roof.peer_table(peer_rows))
-peer_verdicts = gemv_roof.peer_verdicts(peer_rows)
+print(peer_roof.peer_table(peer_rows))
+peer_verdicts = peer_roof.peer_verdicts(peer_rows)
 bars_now = [(f"GEMV {r.format} ({r.rows} row)", r.gbps) for r in roof if r.rows == 1]
 bars_now.append((f"SmolLM2 decode b=1 ({DT})", cu["decode b=1"]["mbu"] * BW / 1e9))
 bars_rec = [
@@ -529,8 +537,14 @@ if CUDA:
 else:
     c_out = 1024
     cache_rows = gemv_roof.cache_roof(
-        g_n, stream_gbps=stream_now, out_features=c_out, calls=course_lib.pick(10, 20), repeats=course_lib.pick(3, 5)
+        g_n,
+        stream_gbps=stream_now,
+        out_features=c_out,
+        calls=course_lib.pick(10, 20),
+        repeats=course_lib.pick(3, 5),
+        stream_sample=paired,
     )
+    del paired  # its three arrays go back before the next section
     print(f"in cache: one {c_out} x {g_n} weight, read again and again, {torch.get_num_threads()} threads")
     print(gemv_roof.table(cache_rows))
     bounds = gemv_roof.bound_verdicts(roof, cache_rows)
@@ -540,7 +554,7 @@ else:
     print("bound by their arithmetic on this machine:", ", ".join(arithmetic_bound) or "none (memory is lower)")
     for b in bounds:
         if not b["reachable"]:
-            print(f"  {b['format']}: in cache {b['cache_fraction']:.0%} of STREAM, below the 75% goal before any DRAM")
+            print(f"  {b['format']}: in cache {b['cache_fraction']:.1%} of STREAM, below the 75% goal before any DRAM")
 
 # %% [markdown]
 # A kernel on the arithmetic roof gets faster only with fewer instructions per weight, not with better

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.compression import gemv_roof as gr
+from course_lib.compression import peer_roof as pr
 from course_lib.models.accounting import ModelShape
 
 
@@ -111,6 +112,37 @@ def test_cache_roof_times_one_copy_and_names_the_lower_roof():
         gr.cache_roof(128, stream_gbps=1.0, formats=("int3",))
 
 
+def test_paired_stream_samples_set_each_ratio():
+    """Each sample divided by the STREAM pass timed just before it: a machine that slows down mid-run moves
+    both sides of a pair, where one STREAM figure from the start would make the late samples look slow."""
+    # 1e9 bytes: 1 s at 1 GB/s; the second half of the run at half speed, memory and kernel alike
+    slow = gr.RoofRow("int4", "gemv", 1, 10**9, (1.0, 1.0, 2.0, 2.0, 2.0), 1, 10.0, (2.0, 2.0, 1.0, 1.0, 1.0))
+    assert slow.fraction == pytest.approx(0.5)  # every pair reads 0.5 of its STREAM
+    assert slow.gbps / 2.0 == pytest.approx(0.25)  # against the first STREAM figure: half of that
+    assert slow.best_fraction == pytest.approx(0.5)
+    unpaired = gr.RoofRow("int4", "gemv", 1, 10**9, (1.0, 2.0), 1, 4.0)
+    assert unpaired.fraction == pytest.approx(unpaired.gbps / 4.0) and unpaired.best_fraction == pytest.approx(0.25)
+    sample = gr.triad_sampler(4 * 2**20)
+    assert sample() > 0
+    rows = gr.gemv_roof(64, 128, stream_gbps=1.0, formats=("fp32",), working_set=1, repeats=3, stream_sample=sample)
+    (row,) = rows
+    assert len(row.stream_samples) == 3 and row.stream_gbps == sorted(row.stream_samples)[1]
+    cache = gr.cache_roof(
+        128,
+        stream_gbps=1.0,
+        out_features=32,
+        calls=2,
+        repeats=2,
+        formats=gr.available_formats(gr.CACHE_FORMATS)[:1],
+        stream_sample=sample,
+    )
+    assert all(len(r.stream_samples) == 2 for r in cache)  # none where the course's kernels cannot build
+    with pytest.raises(ValueError, match="n_bytes"):
+        gr.triad_sampler(0)
+    with pytest.raises(ValueError, match="passes"):
+        gr.triad_sampler(1024, passes=0)
+
+
 def test_bf16_activation_error_is_small_but_not_zero():
     errs = gr.bf16_activation_error(64, 128)
     assert set(errs) <= set(gr.PATH_OF) and {"int8 bf16", "int4 bf16"} & set(errs)
@@ -132,21 +164,21 @@ def _shape():
 
 def test_bytes_per_token_and_achieved_bandwidth():
     s = _shape()
-    fp32 = gr.decode_bytes_per_token(s, "fp32")
+    fp32 = pr.decode_bytes_per_token(s, "fp32")
     assert fp32 == pytest.approx(4 * (30 * (576 * 64 * 24 + 3 * 576 * 1536) + 49152 * 576))
-    assert gr.decode_bytes_per_token(s, "int4", "int8") < gr.decode_bytes_per_token(s, "int8") < fp32
+    assert pr.decode_bytes_per_token(s, "int4", "int8") < pr.decode_bytes_per_token(s, "int8") < fp32
     rec = {"rows": [{"format": "fp32", "engine_tok_s": 10.0, "llama_tok_s": 20.0, "goal": 0.9}]}
-    (row,) = gr.achieved_bandwidth(rec, s, stream_gbps=fp32 * 40 / 1e9)
+    (row,) = pr.achieved_bandwidth(rec, s, stream_gbps=fp32 * 40 / 1e9)
     assert row["ratio"] == 0.5 and row["engine_fraction"] == pytest.approx(0.25)
     assert row["llama_fraction"] == pytest.approx(0.5)
     paired = {"format": "fp32", "engine_tok_s": 10.0, "llama_tok_s": 20.0, "ratio": 0.6, "ratio_range": [0.4, 0.7]}
-    (row,) = gr.achieved_bandwidth({"rows": [paired]}, s, stream_gbps=1.0)
+    (row,) = pr.achieved_bandwidth({"rows": [paired]}, s, stream_gbps=1.0)
     assert row["ratio"] == 0.6  # the record's paired median, as the ledger reads it, not 10 / 20
-    assert "0.40-0.70" in gr.peer_table([row])
+    assert "0.40-0.70" in pr.peer_table([row])
     with pytest.raises(ValueError, match="record"):
-        gr.achieved_bandwidth([], s, 1.0)
+        pr.achieved_bandwidth([], s, 1.0)
     with pytest.raises(ValueError, match="format"):
-        gr.achieved_bandwidth({"rows": [{"format": "fp8"}]}, s, 1.0)
+        pr.achieved_bandwidth({"rows": [{"format": "fp8"}]}, s, 1.0)
 
 
 @pytest.mark.parametrize("shape", [(37, 53), (1, 7), (256, 96)])
@@ -190,15 +222,15 @@ def test_peer_verdicts_follow_the_goals():
         {"format": "int8", "ratio": 0.41, "goal": 0.8},  # a false claim: must fail
         {"format": "int4", "ratio": 0.7, "goal": None},  # no goal: no verdict
     ]
-    v = gr.peer_verdicts(rows)
+    v = pr.peer_verdicts(rows)
     assert set(v) == {"fp32", "int8"} and v["fp32"].held and not v["int8"].held
     rec = {"rows": [dict(r, engine_tok_s=r["ratio"], llama_tok_s=1.0) for r in rows]}
-    table = gr.peer_table(gr.achieved_bandwidth(rec, _shape(), 10.0))
+    table = pr.peer_table(pr.achieved_bandwidth(rec, _shape(), 10.0))
     assert "0.41" in table and table.count("\n") == 3
 
 
 def test_recorded_llamacpp_loads_or_names_the_command(tmp_path):
-    rec = gr.recorded_llamacpp()
+    rec = pr.recorded_llamacpp()
     assert {"meta", "rows"} <= set(rec) and "command" in rec["meta"] and "machine" in rec["meta"]
     with pytest.raises(FileNotFoundError, match="vs_llamacpp.py"):
-        gr.recorded_llamacpp(tmp_path / "missing.json")
+        pr.recorded_llamacpp(tmp_path / "missing.json")

@@ -14,8 +14,8 @@ bytes and the fraction of STREAM.
 the rate each kernel reaches when DRAM is not the limit, its arithmetic's own roof; ``bound_verdicts`` sets
 the two roofs side by side (a kernel whose in-cache rate is not above STREAM cannot read DRAM at STREAM's
 rate, whatever its loads do). ``bf16_activation_error`` measures what the int8/int4 CPU kernels' bf16 rounding of the activations
-costs against the fp32 reference. ``achieved_bandwidth`` turns recorded tokens/s (the engine and
-llama.cpp, ``data/measurements/smollm2-vs-llamacpp-cpu.json``) into bytes/s on the same roof.
+costs against the fp32 reference; ``bandwidth_bars`` plots achieved GB/s against the roof (the recorded
+engine and llama.cpp rows on it: ``compression.peer_roof``).
 Introduced in 02_metrics_2_throughput_utilization.ipynb (issue 21).
 """
 
@@ -99,6 +99,7 @@ class RoofRow:
     samples: tuple
     copies: int
     stream_gbps: float
+    stream_samples: tuple = ()  # GB/s of one STREAM triad pass timed right before each sample (paired), or ()
 
     @property
     def seconds(self) -> float:
@@ -109,15 +110,29 @@ class RoofRow:
     def gbps(self) -> float:
         return self.weight_bytes / self.seconds / 1e9
 
+    def _pair_ratios(self) -> list[float]:
+        return [self.weight_bytes / t / 1e9 / b for t, b in zip(self.samples, self.stream_samples)]
+
     @property
     def fraction(self) -> float:
-        """GB/s of weight read ÷ STREAM GB/s."""
+        """GB/s of weight read ÷ STREAM GB/s: with paired STREAM samples, the median of each sample's ratio to
+        the triad timed just before it (a machine whose speed drifts moves both sides of a pair alike)."""
+        if self.stream_samples:
+            r = sorted(self._pair_ratios())
+            return r[len(r) // 2]
         return self.gbps / self.stream_gbps
 
     @property
     def best_gbps(self) -> float:
         """GB/s of the fastest sample: a roof is the best a kernel does, not its typical call."""
         return self.weight_bytes / min(self.samples) / 1e9
+
+    @property
+    def best_fraction(self) -> float:
+        """The best sample ÷ STREAM (paired: the best of the pairs' ratios)."""
+        if self.stream_samples:
+            return max(self._pair_ratios())
+        return self.best_gbps / self.stream_gbps
 
     @property
     def spread(self) -> float:
@@ -132,6 +147,42 @@ def _check_int(name, v, low=1):
 def _check_stream(stream_gbps) -> None:
     if not (isinstance(stream_gbps, (int, float)) and stream_gbps > 0):
         raise ValueError(f"stream_gbps must be a positive number (GB/s), got {stream_gbps!r}")
+
+
+def triad_sampler(n_bytes: int, passes: int = 3):
+    """A callable that times ``passes`` STREAM triad passes (a = b + 3·c, three fp32 arrays of ``n_bytes``
+    each, made once) and returns the best one's GB/s (STREAM's convention: a peak is the best pass; one pass
+    alone read 3-12% lower on the course's VM): the roof sampled right before each GEMV sample (``stream_sample=``), so that a
+    ratio's two sides share the same moment of a machine whose speed drifts (a shared VM's can move by 1.5x
+    within minutes)."""
+    from course_lib.measure.costs import triad_cost
+
+    _check_int("n_bytes", n_bytes, 4)
+    _check_int("passes", passes)
+    n = n_bytes // 4
+    a, b, c = torch.zeros(n), torch.full((n,), 1.0), torch.full((n,), 2.0)
+    nbytes = triad_cost(n, "fp32").bytes
+
+    def sample() -> float:
+        best = float("inf")
+        for _ in range(passes):
+            t0 = time.perf_counter()
+            torch.add(b, c, alpha=3.0, out=a)
+            best = min(best, time.perf_counter() - t0)
+        return nbytes / best / 1e9
+
+    sample()  # pages touched, threads warm
+    return sample
+
+
+def _timed(pass_fn, repeats: int, stream_sample):
+    """``repeats`` seconds of ``pass_fn()``, each preceded by one STREAM sample when ``stream_sample`` is given."""
+    samples, stream = [], []
+    for _ in range(repeats):
+        if stream_sample is not None:
+            stream.append(float(stream_sample()))
+        samples.append(pass_fn())
+    return tuple(samples), tuple(stream)
 
 
 def _checked_formats(formats, default) -> tuple:
@@ -179,10 +230,12 @@ def gemv_roof(
     working_set: int = 128 * 2**20,
     repeats: int = 5,
     seed: int = 0,
+    stream_sample=None,
 ) -> list[RoofRow]:
     """Time ``rows`` × (out, in) through each format of ``formats`` (see ``FORMATS``) with the current
     torch threads; each sample is one pass over enough copies to read ``working_set`` bytes. ``formats``
-    None: every format that can run here (``available_formats``)."""
+    None: every format that can run here (``available_formats``). ``stream_sample`` (``triad_sampler``):
+    one STREAM pass before each sample, and each row's fraction is the median of the paired ratios."""
     _check_int("out_features", out_features)
     _check_int("in_features", in_features)
     _check_int("working_set", working_set)
@@ -205,13 +258,17 @@ def gemv_roof(
             x = torch.randn(r, in_features, generator=gen)
             for lay in layers[: min(3, len(layers))]:
                 lay(x)
-            samples = []
-            for _ in range(repeats):
+
+            def one_pass(layers=layers, x=x) -> float:
                 t0 = time.perf_counter()
                 for lay in layers:
                     lay(x)
-                samples.append((time.perf_counter() - t0) / len(layers))
-            out.append(RoofRow(fmt, _path(layer, fmt), r, nbytes, tuple(samples), len(layers), float(stream_gbps)))
+                return (time.perf_counter() - t0) / len(layers)
+
+            samples, stream = _timed(one_pass, repeats, stream_sample)
+            out.append(
+                RoofRow(fmt, _path(layer, fmt), r, nbytes, samples, len(layers), _roof(stream, stream_gbps), stream)
+            )
         del layers, layer
         trim_heap()  # the copies go back to the OS before the next format's come
     return out
@@ -234,6 +291,7 @@ def cache_roof(
     calls: int = 50,
     repeats: int = 5,
     seed: int = 0,
+    stream_sample=None,
 ) -> list[RoofRow]:
     """One row × an (out_features, in_features) weight small enough to stay in the caches, ``calls`` times per
     sample, through each of ``formats`` (default: the course's GEMV kernels that can run here,
@@ -253,14 +311,21 @@ def cache_roof(
         layer = _make(fmt, w)
         for _ in range(3):
             layer(x)  # packs on first use, then warm in the caches
-        samples = []
-        for _ in range(repeats):
+
+        def calls_pass(layer=layer) -> float:
             t0 = time.perf_counter()
             for _ in range(calls):
                 layer(x)
-            samples.append((time.perf_counter() - t0) / calls)
-        out.append(RoofRow(fmt, _path(layer, fmt), 1, _nbytes(layer), tuple(samples), 1, float(stream_gbps)))
+            return (time.perf_counter() - t0) / calls
+
+        samples, stream = _timed(calls_pass, repeats, stream_sample)
+        out.append(RoofRow(fmt, _path(layer, fmt), 1, _nbytes(layer), samples, 1, _roof(stream, stream_gbps), stream))
     return out
+
+
+def _roof(stream: tuple, stream_gbps: float) -> float:
+    """A row's STREAM: the median of its paired samples, else the one figure given."""
+    return sorted(stream)[len(stream) // 2] if stream else float(stream_gbps)
 
 
 def bound_verdicts(dram: list[RoofRow], cache: list[RoofRow], goal: float = GOAL) -> list[dict]:
@@ -274,17 +339,16 @@ def bound_verdicts(dram: list[RoofRow], cache: list[RoofRow], goal: float = GOAL
         d = by_fmt.get((c.format, c.path))
         if d is None:
             continue
-        roof = c.best_gbps
-        lower = "arithmetic" if roof < c.stream_gbps else "memory"
+        roof = c.best_fraction  # the in-cache rate as a fraction of STREAM
         rows.append(
             {
                 "format": c.format,
                 "path": c.path,
                 "dram_fraction": d.fraction,
-                "cache_fraction": roof / c.stream_gbps,
-                "lower_roof": lower,
-                "of_lower_roof": d.gbps / min(roof, d.stream_gbps),
-                "reachable": min(roof / c.stream_gbps, 1.0) >= goal,
+                "cache_fraction": roof,
+                "lower_roof": "arithmetic" if roof < 1 else "memory",
+                "of_lower_roof": d.fraction / min(roof, 1.0),
+                "reachable": min(roof, 1.0) >= goal,
             }
         )
     return rows
@@ -325,11 +389,16 @@ def roof_verdicts(rows: list[RoofRow], goal: float = GOAL, n_rows: int = 1) -> d
 
 
 def table(rows: list[RoofRow]) -> str:
-    lines = [f"{'format':<12}{'path':<22}{'rows':>5}{'MB':>8}{'copies':>7}{'GB/s':>8}{'of STREAM':>11}{'±':>6}"]
+    """One line per row: its median GB/s, the STREAM it was read against (the median of its paired triad
+    passes, or the one figure given), the fraction (paired: the median of the pairs' ratios) and the spread."""
+    head = (
+        f"{'format':<12}{'path':<22}{'rows':>5}{'MB':>8}{'copies':>7}{'GB/s':>8}{'STREAM':>8}{'of STREAM':>11}{'±':>6}"
+    )
+    lines = [head]
     for r in rows:
         lines.append(
             f"{r.format:<12}{r.path:<22}{r.rows:>5}{r.weight_bytes / 1e6:>8.1f}{r.copies:>7}{r.gbps:>8.1f}"
-            f"{r.fraction:>11.0%}{r.spread:>6.0%}"
+            f"{r.stream_gbps:>8.1f}{r.fraction:>11.0%}{r.spread:>6.0%}"
         )
     return "\n".join(lines)
 
@@ -352,116 +421,6 @@ def bf16_activation_error(out_features: int = 1024, in_features: int = 1024, row
     return errs
 
 
-def decode_bytes_per_token(shape, fmt: str, head: str | None = None) -> float:
-    """Weight bytes a batch-1 decode step reads in ``fmt`` (``BYTES_PER_WEIGHT``): every matmul weight in
-    that format, the LM head in ``head`` (default: the same), norms and embedding rows ignored."""
-    from course_lib.models.accounting import matmul_params
-
-    if fmt not in BYTES_PER_WEIGHT or (head is not None and head not in BYTES_PER_WEIGHT):
-        raise ValueError(f"fmt and head must be among {tuple(BYTES_PER_WEIGHT)}, got {fmt!r}, {head!r}")
-    head_params = shape.vocab_size * shape.hidden_size
-    body = matmul_params(shape) - head_params
-    return body * BYTES_PER_WEIGHT[fmt] + head_params * BYTES_PER_WEIGHT[head or fmt]
-
-
-# the recorded comparison's formats: (engine layers, engine head, llama.cpp file's layers)
-RECORDED_FORMATS = {
-    "fp32": ("fp32", "fp32", "fp32"),
-    "int8": ("int8", "int8", "q8_0"),
-    "int8-dyn": ("int8", "int8", "q8_0"),  # the same bytes: int8 weights, activations rounded to int8 per call
-    "int4": ("int4", "int8", "q4_1"),
-    "int4-q8": ("int4", "int8", "q4_1"),  # the same bytes: activations rounded to int8 per 32 (gemv-q8)
-}
-
-
-def achieved_bandwidth(record: dict, shape, stream_gbps: float | None = None) -> list[dict]:
-    """Per row of a ``benchmarks/vs_llamacpp.py`` record: decode tok/s × bytes per token = GB/s for the
-    engine and llama.cpp, and each as a fraction of the STREAM triad the record measured in its run
-    (``meta["stream_gbps"]``), or of ``stream_gbps`` for a record without one (then say whose roof it is).
-    llama.cpp's head is counted in the file's layer format (an approximation: its output tensor type may
-    differ). Each row carries the roof it was divided by (``stream_gbps``)."""
-    if not isinstance(record, dict) or "rows" not in record:
-        raise ValueError("record must be the JSON of benchmarks/vs_llamacpp.py (a dict with 'rows')")
-    stream_gbps = record.get("meta", {}).get("stream_gbps") or stream_gbps
-    if stream_gbps is None:
-        raise ValueError("the record has no meta['stream_gbps']: pass stream_gbps (GB/s), and say whose roof it is")
-    _check_stream(stream_gbps)
-    out = []
-    for row in record["rows"]:
-        fmt = row["format"]
-        if fmt not in RECORDED_FORMATS:
-            raise ValueError(f"unknown format {fmt!r} in the record; expected one of {tuple(RECORDED_FORMATS)}")
-        layers, head, peer = RECORDED_FORMATS[fmt]
-        e_bytes, l_bytes = decode_bytes_per_token(shape, layers, head), decode_bytes_per_token(shape, peer)
-        e_gbps, l_gbps = row["engine_tok_s"] * e_bytes / 1e9, row["llama_tok_s"] * l_bytes / 1e9
-        out.append(
-            dict(
-                format=fmt,
-                engine_gbps=e_gbps,
-                llama_gbps=l_gbps,
-                engine_fraction=e_gbps / stream_gbps,
-                llama_fraction=l_gbps / stream_gbps,
-                # the record's own ratio: the median of its rounds' paired ratios (the ledger's number), which
-                # a ratio of the two sides' median tok/s can differ from when the machine's speed drifted
-                ratio=row.get("ratio", row["engine_tok_s"] / row["llama_tok_s"]),
-                ratio_range=row.get("ratio_range"),
-                goal=row.get("goal"),
-                stream_gbps=stream_gbps,
-            )
-        )
-    return out
-
-
-def recorded_llamacpp(path=None) -> dict:
-    """The recorded engine-vs-llama.cpp run (``benchmarks/vs_llamacpp.py --json``), ``meta`` and ``rows``."""
-    import json
-    from pathlib import Path
-
-    from course_lib.core.paths import data_dir
-
-    p = Path(path) if path is not None else data_dir() / "measurements" / "smollm2-vs-llamacpp-cpu.json"
-    if not p.is_file():
-        raise FileNotFoundError(
-            f"no recorded llama.cpp comparison at {p}; make it with python benchmarks/vs_llamacpp.py --json {p}"
-        )
-    return json.loads(p.read_text())
-
-
-def peer_verdicts(rows: list[dict]) -> dict:
-    """One ``claim`` per format of ``achieved_bandwidth``'s rows: engine ÷ llama.cpp >= the issue's goal."""
-    return {
-        r["format"]: claim(
-            f"{r['format']} decode: engine ÷ llama.cpp >= {r['goal']:g}x",
-            r["ratio"],
-            at_least=r["goal"],
-            why_not="the engine's per-op dispatch and its GEMVs below the roof (the table above) cost the difference",
-            where="in the recorded run",
-        )
-        for r in rows
-        if r.get("goal") is not None
-    }
-
-
-__all__ = [
-    "BYTES_PER_WEIGHT",
-    "CONFIGS",
-    "FORMATS",
-    "GOAL",
-    "RoofRow",
-    "achieved_bandwidth",
-    "bandwidth_bars",
-    "best_by_format",
-    "bf16_activation_error",
-    "decode_bytes_per_token",
-    "gemv_roof",
-    "peer_table",
-    "peer_verdicts",
-    "recorded_llamacpp",
-    "roof_verdicts",
-    "table",
-]
-
-
 def bandwidth_bars(items, stream_gbps: float, goal: float = GOAL, ax=None):
     """Horizontal bars of achieved GB/s (``items``: (label, GB/s) pairs) against the STREAM roof and
     ``goal`` × STREAM: the decode roofline's bandwidth axis, one bar per kernel or engine."""
@@ -480,18 +439,17 @@ def bandwidth_bars(items, stream_gbps: float, goal: float = GOAL, ax=None):
     return ax
 
 
-def peer_table(rows: list[dict]) -> str:
-    """``achieved_bandwidth``'s rows as a table: GB/s and fraction of STREAM for both sides, the ratio."""
-    head = (
-        f"{'format':<8}{'engine GB/s':>12}{'of STREAM':>10}{'llama.cpp GB/s':>16}{'of STREAM':>10}{'ratio':>7}"
-        f"{'(rounds)':>13}{'goal':>6}"
-    )
-    lines = [head]
-    for r in rows:
-        rng = r.get("ratio_range")
-        rounds = f"{rng[0]:.2f}-{rng[1]:.2f}" if rng else "-"
-        lines.append(
-            f"{r['format']:<8}{r['engine_gbps']:>12.1f}{r['engine_fraction']:>10.0%}{r['llama_gbps']:>16.1f}"
-            f"{r['llama_fraction']:>10.0%}{r['ratio']:>7.2f}{rounds:>13}{r['goal'] if r['goal'] is not None else '-':>6}"
-        )
-    return "\n".join(lines)
+__all__ = [
+    "BYTES_PER_WEIGHT",
+    "CONFIGS",
+    "FORMATS",
+    "GOAL",
+    "RoofRow",
+    "bandwidth_bars",
+    "best_by_format",
+    "bf16_activation_error",
+    "gemv_roof",
+    "roof_verdicts",
+    "table",
+    "triad_sampler",
+]
