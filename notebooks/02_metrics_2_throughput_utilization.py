@@ -459,11 +459,11 @@ m = peer["meta"]
 print(f"recorded {m['date']} on {m['machine']}")
 print(f"  {m['threads']} threads, load average {m['load_average_before']:.1f} before, by: {m['command']}")
 peer_rows = peer_roof.achieved_bandwidth(peer, cshape, BW / 1e9)
-peer_roof = peer_rows[0]["stream_gbps"]
+peer_stream = peer_rows[0]["stream_gbps"]
 if "stream_gbps" in m:
-    print(f"  fractions of that run's own STREAM triad: {peer_roof:.1f} GB/s at {m['threads']} threads")
+    print(f"  fractions of that run's own STREAM triad: {peer_stream:.1f} GB/s at {m['threads']} threads")
 else:
-    print(f"  fractions of this machine's STREAM ({peer_roof:.1f} GB/s): the record stores no roof of its own")
+    print(f"  fractions of this machine's STREAM ({peer_stream:.1f} GB/s): the record stores no roof of its own")
 print(peer_roof.peer_table(peer_rows))
 peer_verdicts = peer_roof.peer_verdicts(peer_rows)
 bars_now = [(f"GEMV {r.format} ({r.rows} row)", r.gbps) for r in roof if r.rows == 1]
@@ -476,7 +476,7 @@ bars_rec = [
 fig, (ax_now, ax_rec) = plt.subplots(1, 2, figsize=(12, 0.35 * len(bars_rec) + 1.2))
 gemv_roof.bandwidth_bars(bars_now, BW / 1e9, ax=ax_now)
 ax_now.set_title("this run, against this machine's roof (section 1's)", fontsize=10)
-gemv_roof.bandwidth_bars(bars_rec, peer_roof, ax=ax_rec)
+gemv_roof.bandwidth_bars(bars_rec, peer_stream, ax=ax_rec)
 ax_rec.set_title(f"the recorded run ({m['date']}), against its roof", fontsize=10)
 fig.tight_layout()
 plt.show()
