@@ -170,6 +170,21 @@ def test_bandwidth_counts_reads_and_writes():
     assert triad.bytes == 3 * (1 << 20) and triad.flops == 2 * (1 << 20) / 4
 
 
+def test_dram_triad_is_sized_past_the_llc_and_positive(monkeypatch):
+    """``dram_triad_gbps``: arrays of half max(256 MiB, 4 × LLC) each (``benchmarks/gemv_roof.py``'s working set)."""
+    seen = {}
+    real = microbench.measure_bandwidth
+
+    def spy(kind, **kw):
+        seen.update(kw, kind=kind)
+        return real(kind, **{**kw, "n_bytes": 1 << 20})  # the size is checked, a small array is timed
+
+    monkeypatch.setattr(microbench, "measure_bandwidth", spy)
+    llc = microbench.detect_device("cpu").cache_bytes or 0
+    assert microbench.dram_triad_gbps(repeats=2) > 0
+    assert seen["kind"] == "triad" and seen["n_bytes"] == max(256 * 2**20, 4 * llc) // 2 and seen["device"] == "cpu"
+
+
 @pytest.mark.slow
 def test_real_peaks_are_plausible(monkeypatch, tmp_path):
     """On any machine: a matmul is far more FLOP-dense than a triad, and copy/triad agree within 4x."""
