@@ -68,16 +68,15 @@ def main(argv=None) -> None:
         triad_sampler,
     )
     from course_lib.measure.hardware.device import detect_device
-    from course_lib.measure.microbench import measure_bandwidth
+    from course_lib.measure.microbench import dram_triad_gbps, dram_working_set_bytes
 
     if a.working_set is None:  # a 300 MiB LLC (a Sapphire Rapids VM) would serve 256 MiB from the cache
-        a.working_set = max(256, 4 * (detect_device("cpu").cache_bytes or 0) // 2**20)
+        a.working_set = dram_working_set_bytes() // 2**20
     load_before = os.getloadavg()[0]
     rows, in_cache, bounds = [], [], []
     for th in a.threads:
         torch.set_num_threads(th)
-        t = measure_bandwidth("triad", n_bytes=a.working_set * 2**20 // 2, repeats=8)
-        stream = t.rate(t.bytes, best=True) / 1e9
+        stream = dram_triad_gbps(repeats=8, n_bytes=a.working_set * 2**20 // 2)
         sampler = triad_sampler(a.working_set * 2**20 // 2)  # one triad pass before each GEMV sample: paired ratios
         res = gemv_roof(
             a.out, a.inf, stream_gbps=stream, rows=a.rows, working_set=a.working_set * 2**20, repeats=a.repeats,

@@ -183,6 +183,7 @@ def test_dram_triad_is_sized_past_the_llc_and_positive(monkeypatch):
     llc = microbench.detect_device("cpu").cache_bytes or 0
     assert microbench.dram_triad_gbps(repeats=2) > 0
     assert seen["kind"] == "triad" and seen["n_bytes"] == max(256 * 2**20, 4 * llc) // 2 and seen["device"] == "cpu"
+    assert microbench.dram_working_set_bytes() == max(256 * 2**20, 4 * llc)
 
 
 @pytest.mark.slow

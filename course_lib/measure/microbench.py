@@ -97,12 +97,18 @@ def measure_bandwidth(
     return _time_peak(fn, cost, dev, f"STREAM {kind} {name}", repeats or pick(8, 20), name)
 
 
-def dram_triad_gbps(repeats: int = 8) -> float:
-    """A CPU's STREAM triad, best of ``repeats``, at torch's current thread count, on arrays of half
-    max(256 MiB, 4 × the LLC) each (``benchmarks/gemv_roof.py``'s working set): the DRAM roof a benchmark
-    records beside its own rates, so that a stored GB/s is read against the machine it was measured on."""
-    llc = detect_device("cpu").cache_bytes or 0
-    t = measure_bandwidth("triad", n_bytes=max(256 * 2**20, 4 * llc) // 2, device="cpu", repeats=repeats)
+def dram_working_set_bytes() -> int:
+    """max(256 MiB, 4 × the LLC): what a CPU benchmark reads per pass so that DRAM, not the cache, serves it
+    (``benchmarks/gemv_roof.py``'s default working set)."""
+    return max(256 * 2**20, 4 * (detect_device("cpu").cache_bytes or 0))
+
+
+def dram_triad_gbps(repeats: int = 8, n_bytes: int | None = None) -> float:
+    """A CPU's STREAM triad, best of ``repeats``, at torch's current thread count, on arrays of ``n_bytes``
+    each (default: half ``dram_working_set_bytes``): the DRAM roof a benchmark records beside its own rates,
+    so that a stored GB/s is read against the machine it was measured on."""
+    n_bytes = dram_working_set_bytes() // 2 if n_bytes is None else n_bytes
+    t = measure_bandwidth("triad", n_bytes=n_bytes, device="cpu", repeats=repeats)
     return t.rate(t.bytes, best=True) / 1e9
 
 
