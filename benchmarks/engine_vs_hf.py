@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table of decode steps")
     parser.add_argument("--json", help="also write the rows to this file")
-    parser.add_argument("--decode", default="auto", choices=("auto", *DECODE_MODES))
+    parser.add_argument("--decode", default="auto", choices=DECODE_MODES)
     args = parser.parse_args()
     decode = args.decode
     if decode == "auto":

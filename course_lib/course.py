@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from course_lib.core.paths import repo_root
+from course_lib.measure import verdicts
 from course_lib.measure.report import write_report
 
 
@@ -152,7 +153,11 @@ def run(mode: str, out: Path, only: list[str] | None = None, timeout: int = 1800
         )
     results.mkdir(parents=True, exist_ok=True)
     report = write_report(results, out / "REPORT.md", timings, peaks, speeds)
-    print(f"[course] wrote {report}")
+    found = verdicts.write(out / "notebooks", out / "verdicts.json")
+    with open(report, "a") as f:
+        f.write(f"\n## Verdicts per chapter ({len(found['verdicts'])} in all; build/verdicts.json)\n\n")
+        f.write(verdicts.format_tally(found) + "\n")
+    print(f"[course] wrote {report} and {out / 'verdicts.json'} ({len(found['verdicts'])} verdicts)")
     if failed:
         print(f"[course] failed notebooks: {failed}", file=sys.stderr)
         return 1
@@ -220,7 +225,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--set-repository", metavar="URL", help="a fork: point badges and install cells at URL, then stop"
     )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A", "B"),
+        type=Path,
+        help="two runs (folders of executed notebooks, e.g. notebooks/ and build/, or verdicts.json files): "
+        "list every verdict that flips and every verdict present in only one run, then stop",
+    )
     args = parser.parse_args(argv)
+    if args.compare:
+        a, b = (verdicts.collect(p) for p in args.compare)
+        print(verdicts.format_compare(a, b, names=tuple(str(p) for p in args.compare)))
+        return 0
     if args.set_repository:
         for path in set_repository(args.set_repository):
             print(f"[course] {path.relative_to(repo_root())} now points at {repository()}")

@@ -321,3 +321,32 @@ def test_measure_lever_rejects_bad_input(tiny):
         step_levers.set_lever(tiny, "fast")
     with pytest.raises(ValueError, match="repeats"):
         step_levers.measure_lever(tiny, "fused", "tiny-target", repeats=1)
+
+
+def test_auto_is_the_default_and_says_which_path_ran(tiny):
+    """decode="auto": native where the C kernels build, else fused; a step it cannot take runs the next path."""
+    from course_lib.engine.fast_decode import auto_decode
+    from course_lib.kernels import cpu_gemv
+
+    mode, why = auto_decode("cpu", torch.float32)
+    assert mode == ("native" if cpu_gemv.available() else "fused") and why
+    assert auto_decode("cpu", torch.bfloat16)[0] == "fused" and auto_decode("cuda", torch.bfloat16)[0] == "cudagraph"
+    eng = Engine(tiny.hf_model, tiny.tokenizer, config=tiny.config)  # the default
+    assert eng.fast is not None and eng.fast.auto and eng.decode_path.startswith(f"auto -> {mode}")
+    p = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    eager = Engine(tiny.hf_model, tiny.tokenizer, config=tiny.config, decode="eager")
+    assert "reference" in eager.decode_path
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # auto falls back silently: no warning per step or per reason
+        got = [r.output_ids for r in eng.generate(PROMPTS, p)]
+    assert got == [r.output_ids for r in eager.generate(PROMPTS, p)]
+    assert eng.fast.ran.get(mode, 0) >= 5 and f"{mode} " in eng.decode_path
+
+
+def test_auto_falls_back_to_fused_without_the_kernels(tiny, monkeypatch):
+    from course_lib.kernels import cpu_gemv
+
+    monkeypatch.setattr(cpu_gemv, "available", lambda: False)
+    monkeypatch.setattr(cpu_gemv, "unavailable_reason", lambda: "no compiler (test)")
+    fd = FastDecoder(tiny.model, "auto")
+    assert fd.mode == "fused" and "no compiler (test)" in fd.auto_why

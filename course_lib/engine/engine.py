@@ -72,7 +72,7 @@ class Engine:
         block_size: int = 16,
         prefix_caching: bool = False,
         pack_tied_head: bool = True,
-        decode: str = "eager",
+        decode: str = "auto",
     ) -> None:
         """``linear``: "reference" (``F.linear`` everywhere), "skinny" (``layers.SkinnyLinear``: decode-shaped
         products routed to the fastest CPU kernel), "packed" (``layers.PackedLinear``: the same kernel for every
@@ -85,9 +85,11 @@ class Engine:
         ``kv_cache="paged"``, or a ``backend`` built with ``PagedBackend(..., prefix_caching=True)``.
         ``pack_tied_head``: with ``linear="packed"``, whether a tied LM head gets its own packed copy (fastest)
         or stays ``F.linear`` on the embedding it shares (one vocab × hidden copy less: 113 MB on SmolLM2).
-        ``decode``: "eager" (the reference forward), "fused", "compiled" or "cudagraph" (``fast_decode.py``: a
-        pure decode step on the contiguous cache in fewer ops), or "native" (a CPU: the whole step in one C
-        call, ``native_step.py``); any other step runs the reference."""
+        ``decode``: "auto" (the default: the fastest path this machine has, ``fast_decode.auto_decode``; a step
+        it cannot take runs the next one; ``decode_path`` says which ran), "eager" (the reference forward),
+        "fused", "compiled" or "cudagraph" (``fast_decode.py``: a pure decode step on the contiguous cache in
+        fewer ops), or "native" (a CPU: the whole step in one C call, ``native_step.py``); any other step
+        runs the reference."""
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
         if linear not in LINEAR_CHOICES:
@@ -180,6 +182,20 @@ class Engine:
         self._live: dict[str | int, Sequence] = {}  # unfinished requests by id
         self._grammars: Grammars | None = None
         self._auto_ids = itertools.count()
+
+    @property
+    def decode_path(self) -> str:
+        """Which decode path this engine asked for and which ran, e.g. "auto -> native (the course's C kernels
+        built: ...); steps so far: native 63, reference 1" (prefill and mixed steps run the reference)."""
+        if self.fast is None:
+            return "eager: every step runs the reference forward"
+        head = self.fast.requested
+        if self.fast.auto:
+            head += f" -> {self.fast.mode} ({self.fast.auto_why})"
+        elif self.fast.mode != self.fast.requested:
+            head += f" -> {self.fast.mode} (fell back)"
+        ran = ", ".join(f"{k} {v}" for k, v in sorted(self.fast.ran.items(), key=lambda kv: -kv[1]))
+        return f"{head}; decode steps so far: {ran or 'none'}"
 
     # ---------------------------------------------------------------- inputs
     def encode(self, prompts: SequenceABC[str] | SequenceABC[SequenceABC[int]] | str) -> list[list[int]]:

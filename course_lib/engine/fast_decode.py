@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from course_lib.engine.model import LlamaEngineModel, rms_norm
 
-DECODE_MODES = ("eager", "fused", "compiled", "cudagraph", "native")
+DECODE_MODES = ("auto", "eager", "fused", "compiled", "cudagraph", "native")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -137,14 +137,35 @@ def decode_forward(
     return lin(model.lm_head, norm(x, model.final_norm, model.eps))
 
 
+def auto_decode(device_type: str, dtype: torch.dtype) -> tuple[str, str]:
+    """(mode, why) that ``decode="auto"`` takes on this device: on a CUDA GPU, CUDA-graph replay; on a CPU
+    in fp32 where the course's C kernels build, the native step (the fastest path measured on every CPU
+    the course has run on: ``benchmarks/step_levers.py``); else the fused forward. A step the chosen path
+    cannot take runs the next one (native, then fused, then the reference), silently: ``FastDecoder.ran``
+    counts which path ran how often."""
+    if device_type == "cuda":
+        return "cudagraph", "a CUDA GPU: one graph replay per step"
+    if device_type == "cpu" and dtype == torch.float32:
+        from course_lib.kernels import cpu_gemv
+
+        if cpu_gemv.available():
+            return "native", "the course's C kernels built: the whole step in one C call"
+        return "fused", f"the C kernels are unavailable ({cpu_gemv.unavailable_reason()}): the fused torch step"
+    return "fused", f"{dtype} on {device_type}: the C step is fp32-only, so the fused torch step"
+
+
 class FastDecoder:
     """``decoder(backend, handles, ids, positions)`` → logits (B, V), or None when it cannot take the step
     (the caller runs the reference). ``mode``: one of ``DECODE_MODES`` except "eager"."""
 
     def __init__(self, model: LlamaEngineModel, mode: str = "fused", batch_buckets=BATCH_BUCKETS) -> None:
-        if mode not in DECODE_MODES[1:]:
-            raise ValueError(f"mode must be one of {DECODE_MODES[1:]}, got {mode!r}")
-        self.model, self.requested, self.mode = model, mode, mode
+        if mode not in DECODE_MODES or mode == "eager":
+            raise ValueError(f"mode must be one of {tuple(m for m in DECODE_MODES if m != 'eager')}, got {mode!r}")
+        self.auto = mode == "auto"
+        if self.auto:
+            mode, self.auto_why = auto_decode(model.device.type, model.dtype)
+        self.model, self.requested, self.mode = model, ("auto" if self.auto else mode), mode
+        self.ran: dict[str, int] = {}  # steps taken per path ("native", "fused", ...; "reference" by the caller)
         self.batch_buckets = tuple(batch_buckets)
         self._compiled = None
         self._norm = rms_norm_spelled if model.dtype == torch.float32 else rms_norm
@@ -165,16 +186,25 @@ class FastDecoder:
 
     def supports(self, backend, query_lens: list[int], contexts: list[int]) -> bool:
         """A pure decode step on the plain contiguous cache, inside the RoPE table; anything else: the reference."""
-        from course_lib.engine.attention.contiguous import ContiguousBackend
 
         if self.mode == "native":
             if not all(q == 1 for q in query_lens):
                 return False
             why = self._native.why_not(backend, len(query_lens), max(contexts))
+            if why is not None and self.auto:  # auto: the next-best path, silently (``ran`` says which)
+                self._step = "fused" if self._fused_ok(backend, query_lens, contexts) else None
+                return self._step is not None
+            self._step = "native"
             if why is not None and why not in self._native_said:  # once per reason, not once per step
                 self._native_said.add(why)
                 warnings.warn(f"decode mode 'native' does not take this step ({why}); it runs the reference forward")
             return why is None
+        self._step = self.mode
+        return self._fused_ok(backend, query_lens, contexts)
+
+    def _fused_ok(self, backend, query_lens: list[int], contexts: list[int]) -> bool:
+        from course_lib.engine.attention.contiguous import ContiguousBackend
+
         return (
             type(backend) is ContiguousBackend
             and backend.use_sdpa
@@ -184,22 +214,25 @@ class FastDecoder:
 
     @torch.no_grad()  # decode needs no gradients; with grad on, a tied head (a Parameter) made inductor trace a backward
     def __call__(self, backend, handles: list, ids: list[int], positions: list[int]) -> torch.Tensor:
-        if self.mode == "native":  # supports() has just checked this step
+        step = getattr(self, "_step", self.mode)
+        self.ran[step] = self.ran.get(step, 0) + 1
+        if step == "native":  # supports() has just checked this step
             return self._native.run(ids, positions, handles)
         B, dev = len(ids), self.model.device
-        Bp = bucket(B, self.batch_buckets) if self.mode != "fused" else B
+        mode = "fused" if step == "fused" else self.mode
+        Bp = bucket(B, self.batch_buckets) if mode != "fused" else B
         pad = Bp - B  # repeat the last row: same token, same slot, same K/V written twice
         ids_t = torch.tensor(ids + ids[-1:] * pad, device=dev)
         pos_t = torch.tensor(positions + positions[-1:] * pad, device=dev)
         rows_t = torch.tensor(list(handles) + list(handles[-1:]) * pad, device=dev)
         L = max(positions) + 1  # eager: the exact keys, so the sums run as the reference's (bit for bit)
-        if self.mode != "fused":  # static shapes: keys padded to the bucket and masked (fp sums reassociate)
+        if mode != "fused":  # static shapes: keys padded to the bucket and masked (fp sums reassociate)
             L = kv_bucket(L, backend.max_len)
-        if self.mode == "cudagraph":
+        if mode == "cudagraph":
             out = self._replay(backend, ids_t, pos_t, rows_t)
             if out is not None:
                 return out[:B]
-        if self.mode == "compiled":
+        if mode == "compiled":
             try:
                 if self._compiled is None:
                     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)

@@ -29,12 +29,9 @@ why (one warning), and the layers that use these kernels keep to torch's paths.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import platform
-import shutil
 import subprocess
-import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
@@ -42,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from course_lib.core.paths import cache_dir
+from course_lib.core import cbuild
 
 SOURCE = Path(__file__).with_name("gemv.c")
 STEP_SOURCE = Path(__file__).with_name("step.c")  # the whole decode step; it #includes gemv.c, and is what is built
@@ -65,10 +62,7 @@ _state: dict = {"tried": False, "lib": None, "why": None}
 
 def compiler() -> str | None:
     """The C compiler the kernels are built with: ``$CC``, else ``cc`` or ``gcc`` on the PATH."""
-    cc = os.environ.get("CC")
-    if cc:
-        return shutil.which(cc) or cc
-    return shutil.which("cc") or shutil.which("gcc")
+    return cbuild.compiler()
 
 
 def _cpu_key() -> str:
@@ -109,32 +103,13 @@ def defines() -> tuple[str, ...]:
 
 def library_path(cc: str) -> Path:
     """Where the compiled kernels of this source, compiler, flags and CPU live."""
-    h = hashlib.sha256()
-    for part in (
-        SOURCE.read_bytes(),
-        STEP_SOURCE.read_bytes(),
-        cc.encode(),
-        " ".join(flags() + defines()).encode(),
-        _cpu_key().encode(),
-    ):
-        h.update(part)
-    return cache_dir() / "kernels" / f"cpu_gemv-{h.hexdigest()[:16]}.so"
+    return cbuild.keyed_path(
+        "cpu_gemv", SOURCE.read_bytes(), STEP_SOURCE.read_bytes(), cc, " ".join(flags() + defines()), _cpu_key()
+    )
 
 
 def _build(cc: str, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    try:
-        r = subprocess.run(
-            [cc, *flags(), *defines(), "-o", tmp, str(STEP_SOURCE), "-lm"], capture_output=True, text=True, timeout=120
-        )
-        if r.returncode != 0:
-            raise RuntimeError(f"{cc} failed ({r.returncode}): {r.stderr.strip()[-800:]}")
-        os.replace(tmp, out)  # atomic: a concurrent process sees the whole file or none
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    cbuild.build_shared(cc, [*flags(), *defines()], STEP_SOURCE, out)
 
 
 def _load(path: Path) -> ctypes.CDLL:
