@@ -73,6 +73,18 @@ def test_linear_path_names_the_packed_switch(engine):
         linear_path(engine, 0)
 
 
+def test_linear_path_names_the_native_step_and_the_course_gemv(engine):
+    from course_lib.kernels import cpu_gemv
+
+    if not cpu_gemv.available():
+        pytest.skip("no C kernels here: the course's GEMV and the native step are not built")
+    time_decode_steps(engine, batch=1, context_len=4, steps=1, warmup=0)  # the cache exists from here on
+    assert linear_path(engine, 1) == "native C step"  # decode="auto", the default
+    eager = Engine(engine.hf_model, engine.tokenizer, config=engine.config, decode="eager")
+    assert linear_path(eager, cpu_gemv.MAX_ROWS) == "course GEMV"
+    assert linear_path(eager, cpu_gemv.MAX_ROWS + 1) == "oneDNN packed"
+
+
 def step(batch=1, seconds=(0.02, 0.021, 0.019), flops=1e8, bytes=5e8):
     return DecodeStep("t", batch, 16.0, seconds, flops, bytes)
 
@@ -133,10 +145,13 @@ def test_bend_refuses_bad_input():
 def test_count_decode_ops_leaves_the_engine_idle(engine):
     from course_lib.bottlenecks.decode_roofline import count_decode_ops
 
-    n1 = count_decode_ops(engine, context_len=4)
-    n2 = count_decode_ops(engine, batch=2, context_len=4)
-    assert n1 > 6 * 5 and not engine.has_unfinished()  # several ops per layer of the 6-layer model
+    eager = Engine(engine.hf_model, engine.tokenizer, config=engine.config, decode="eager")
+    n1 = count_decode_ops(eager, context_len=4)
+    n2 = count_decode_ops(eager, batch=2, context_len=4)
+    assert n1 > 6 * 5 and not eager.has_unfinished()  # several ops per layer of the 6-layer model
     assert n2 < 1.5 * n1  # a flat batch: the same ops for two sequences, not twice as many
+    if engine.fast is not None and engine.fast.mode == "native":  # the default: the whole forward is one C call
+        assert count_decode_ops(engine, context_len=4) < n1 / 3
     with pytest.raises(ValueError, match="context_len"):
         count_decode_ops(engine, context_len=0)
 

@@ -63,6 +63,9 @@ def test_latency_model_recovers_its_parameters_and_the_verdict_fails_on_slow_req
     assert not lc.per_request_prediction(lc.residual_share(slow, lc.fit_latency_model(slow)))
     with pytest.raises(ValueError):
         lc.fit_latency_model(tr[:2])
+    assert lc.miss_reason(tr, m) == ""  # nothing missed: no reason
+    why = lc.miss_reason(slow, lc.fit_latency_model(slow))
+    assert why.startswith("20 of 100 requests missed by more than 10%, 20 of them slower") and "mostly slower" in why
 
 
 def test_p99_spread_shrinks_with_n():
@@ -163,3 +166,11 @@ def test_precompute_breakeven_and_input_space():
     assert be.input_space_log10(4096, 20) == pytest.approx(20 * np.log10(4096))
     with pytest.raises(ValueError):
         be.precompute_breakeven(0, 1)
+
+
+def test_ordering_reason_is_computed_from_each_phase_use_of_its_roof(capsys):
+    assert not uc.ordering("decode's MBU beats prefill's", 9.6, 39, uses={"prefill": 1.09, "decode b=1": 0.27})
+    out = capsys.readouterr().out
+    assert "prefill 109%, decode b=1 27%; the decode b=1, farthest below its roof, narrows the gap" in out
+    assert not uc.ordering("decode's MBU beats prefill's", 9.6, 39)
+    assert "likely reason" not in capsys.readouterr().out  # no measured shares: no reason printed

@@ -50,7 +50,7 @@ def test_compare_finds_a_flip_and_verdicts_present_in_one_run(tmp_path, capsys):
     assert ra["profiles"] == {"01_x.ipynb": "0123456789"}
     c = V.compare(ra, rb)
     assert c["same"] == 1 and len(c["flips"]) == 1  # matched though the statements quote different sizes
-    (_, va, vb), = c["flips"]
+    ((_, va, vb),) = c["flips"]
     assert (va["status"], vb["status"], vb["why_not"]) == ("held", "missed", "the LLC")
     assert [v["statement"] for v in c["only_a"]] == ["a claim the other run lost"]
     assert [v["notebook"] for v in c["only_b"]] == ["02_y.ipynb"]

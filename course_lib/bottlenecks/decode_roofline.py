@@ -96,13 +96,21 @@ class DecodeStep:
 
 
 def linear_path(engine, rows: int) -> str:
-    """Which kernel the engine's matmuls use for ``rows`` tokens in a step: oneDNN on the packed weight
-    (``PackedLinear`` at every row count, ``SkinnyLinear`` up to its ``max_packed_rows``) or ``F.linear``."""
+    """Which kernel the engine's matmuls use for a decode step of ``rows`` sequences: the native C step
+    (``decode="auto"``/"native" where it takes the step: the course's GEMV inside one C call), the course's
+    GEMV (``SkinnyLinear`` up to its ``gemv_rows``), oneDNN on the packed weight (``PackedLinear`` at every
+    row count, ``SkinnyLinear`` up to its ``max_packed_rows``) or ``F.linear``."""
     check_positive_int("rows", rows)
     lins = [lin for _, lin in engine.model.linears()]
+    fast = getattr(engine, "fast", None)
+    if fast is not None and fast.mode == "native" and fast._native.why_not(engine.backend, rows, 1) is None:
+        return "native C step"
     if lins and all(isinstance(lin, PackedLinear) for lin in lins):
         return "oneDNN packed"
-    skinny = [lin for lin in lins if isinstance(lin, SkinnyLinear) and lin.enabled]
+    skinny = [lin for lin in lins if isinstance(lin, SkinnyLinear)]
+    if skinny and rows <= min(lin.gemv_rows for lin in skinny):
+        return "course GEMV"
+    skinny = [lin for lin in skinny if lin.enabled]
     if skinny and rows <= min(lin.max_packed_rows for lin in skinny):
         return "oneDNN packed"
     return "F.linear"

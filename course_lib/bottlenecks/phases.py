@@ -98,26 +98,36 @@ def time_prefill(model, shape, *, batch: int, n_tokens: int, dtype: str = "fp32"
     )
 
 
-@torch.inference_mode()
-def time_decode(model, shape, *, batch: int, context_len: int = 16, dtype: str = "fp32", repeats: int | None = None):
-    """Time one decode step: ``batch`` sequences, each with a ``context_len``-token KV cache, add
-    one token. The cache is cropped back after every step so each timed call sees the same context."""
+def decode_step(model, *, batch: int, context_len: int = 16):
+    """A callable that runs one decode step of ``batch`` sequences over a ``context_len``-token KV cache and
+    crops the cache back, so every call sees the same context (what ``time_decode`` times, and what
+    ``profiling.count_ops`` counts the torch ops of)."""
     from transformers import DynamicCache
-
-    from course_lib.measure.bench import benchmark
-    from course_lib.models.accounting import decode_flops, decode_step_bytes
 
     check_positive_int("batch", batch)
     check_positive_int("context_len", context_len)
     cache = DynamicCache(config=model.config)
     kw = {_cache_kw(model): cache}
-    model(input_ids=_ids(model, batch, context_len, seed=2), use_cache=True, **kw)  # fill the cache
+    with torch.inference_mode():
+        model(input_ids=_ids(model, batch, context_len, seed=2), use_cache=True, **kw)  # fill the cache
     step = _ids(model, batch, 1, seed=3)  # (B, 1)
 
+    @torch.inference_mode()
     def one_step():
         model(input_ids=step, use_cache=True, **kw)
         cache.crop(-1)  # drop the token just added: every call sees the same context
 
+    return one_step
+
+
+@torch.inference_mode()
+def time_decode(model, shape, *, batch: int, context_len: int = 16, dtype: str = "fp32", repeats: int | None = None):
+    """Time one decode step: ``batch`` sequences, each with a ``context_len``-token KV cache, add
+    one token. The cache is cropped back after every step so each timed call sees the same context."""
+    from course_lib.measure.bench import benchmark
+    from course_lib.models.accounting import decode_flops, decode_step_bytes
+
+    one_step = decode_step(model, batch=batch, context_len=context_len)
     return benchmark(
         one_step,
         flops=decode_flops(shape, context_len, batch),

@@ -16,7 +16,7 @@ the two roofs side by side (a kernel whose in-cache rate is not above STREAM can
 rate, whatever its loads do). ``bf16_activation_error`` measures what the int8/int4 CPU kernels' bf16 rounding of the activations
 costs against the fp32 reference; ``bandwidth_bars`` plots achieved GB/s against the roof (the recorded
 engine and llama.cpp rows on it: ``compression.peer_roof``).
-Introduced in 02_metrics_2_throughput_utilization.ipynb (issue 21).
+Introduced in 03_compression.ipynb (section 2) (issue 21).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ ratio and the STREAM triad of that run (``data/measurements/smollm2-vs-llamacpp-
 (``decode_bytes_per_token``: Q8_0 stores 34 bytes per 32 weights, Q4_1 20) and divides by the record's own
 STREAM, so a stored rate is read against the machine it ran on; ``peer_verdicts`` judges each format's
 ratio against issue 21's goals. The GEMV kernels' own roof is ``compression.gemv_roof``. Introduced in
-02_metrics_2_throughput_utilization.ipynb.
+03_compression.ipynb (section 2).
 """
 
 from __future__ import annotations

@@ -112,7 +112,9 @@ def equality_worker(
             standalone=standalone,
         )
     else:
-        engine = Engine(model, config=cfg, linear="reference")
+        engine = Engine(
+            model, config=cfg, linear="reference", decode="eager"
+        )  # the reference forward, as each rank runs
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     logits = logits_run(engine, prompts, decode_steps)

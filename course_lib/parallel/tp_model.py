@@ -224,7 +224,11 @@ def tp_engine(
     backend = ContiguousBackend(
         cfg.num_hidden_layers, kv_heads_per_rank(kv_heads, world_size), head_dim, max_len, rows, hf.dtype, hf.device
     )  # this rank's KV heads only: 1/p of the KV bytes per token, or one replicated head once p > Hkv
-    engine = Engine(hf, tokenizer, device=device, dtype=dtype, config=config, backend=backend, linear=linear)
+    # decode="eager": every step runs the reference forward through the sharded layers (the C step and the
+    # fused step know only whole, unsharded linears)
+    engine = Engine(
+        hf, tokenizer, device=device, dtype=dtype, config=config, backend=backend, linear=linear, decode="eager"
+    )
     shard_model(engine.model, rank, world_size, comm, presliced=presliced, vocab_parallel=vocab_parallel)
     if world_size > 1 and not presliced:
         release_unsharded(hf)  # the full weights this rank no longer needs

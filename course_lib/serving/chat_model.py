@@ -36,9 +36,10 @@ def chat_engine(
     """An ``Engine`` of ``model`` whose contiguous KV cache holds only ``max_num_seqs`` × ``max_model_len``
     tokens (SmolLM2 fp32: 46 KB each). ``max_num_batched_tokens`` (default: enough for the longest prompt
     in one step, so a prefill is one forward pass, not chunks) caps the tokens of one step. ``linear``:
-    the engine's linear seam (default: "packed" on a CPU in fp32, the fastest kernel and one copy of the
-    weights; else "auto"). "reference" is ``F.linear`` on the plain weights; "skinny" keeps the plain weights
-    and a packed copy (+538 MB for this model)."""
+    the engine's linear seam (default: the engine's own, "auto", with its ``decode="auto"`` step: on a CPU
+    in fp32 the native C step for 1-4 sequences and the course's GEMV, oneDNN on a packed copy made when a
+    5..16-row product first comes, +538 MB for this model). "packed" keeps one copy of the weights, packed
+    (oneDNN for every shape, no native step: for a small-memory machine); "reference" is ``F.linear``."""
     check_positive_int("max_model_len", max_model_len)
     check_positive_int("max_num_seqs", max_num_seqs)
     if max_model_len < 2:
@@ -46,8 +47,7 @@ def chat_engine(
     budget = max(2048, max_model_len * max_num_seqs) if max_num_batched_tokens is None else max_num_batched_tokens
     check_positive_int("max_num_batched_tokens", budget)
     config = SchedulerConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
-    if linear is None:
-        linear = "packed" if str(device) == "cpu" and dtype in ("fp32", "float32") else "auto"
+    linear = "auto" if linear is None else linear
     return Engine(model, device=device, dtype=dtype, config=config, linear=linear)
 
 

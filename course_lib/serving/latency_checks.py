@@ -160,13 +160,31 @@ def residual_share(traces, model: LatencyModel, q: float = 90) -> float:
     return float(np.percentile(np.abs(lat - pred) / lat, q))
 
 
-def per_request_prediction(share: float, q: float = 90, tol: float = 0.1) -> Verdict:
-    """Claim: the per-request model predicts q% of latencies within ``tol``."""
+def miss_reason(traces, model: LatencyModel, tol: float = 0.1) -> str:
+    """Which way the per-request model missed, computed: how many requests it missed by more than ``tol``,
+    how many of those ran slower than predicted, and how many sit in the measured top 10% of latencies."""
+    lat = np.array([t.latency for t in traces])
+    pred = model.predict([t.prompt_tokens for t in traces], [t.n_output for t in traces])
+    miss = np.abs(lat - pred) / lat > tol
+    if not miss.any():
+        return ""
+    slower = int(np.sum(miss & (lat > pred)))
+    top = int(np.sum(miss & (lat >= np.percentile(lat, 90))))
+    way = (
+        "mostly slower than predicted: time the lengths do not carry"
+        if slower >= 0.7 * miss.sum()
+        else "on both sides: the fitted TTFT and TPOT themselves are off for part of the mix"
+    )
+    return f"{int(miss.sum())} of {len(lat)} requests missed by more than {tol:.0%}, {slower} of them slower, {top} in the measured top 10%: {way}"
+
+
+def per_request_prediction(share: float, q: float = 90, tol: float = 0.1, why_not: str = "") -> Verdict:
+    """Claim: the per-request model predicts q% of latencies within ``tol``; ``why_not``: ``miss_reason``."""
     return claim(
         f"each request's latency is its own TTFT(prompt) + TPOT x (n - 1): {q:g}% of requests within {tol:.0%}",
         share,
         at_most=tol,
-        why_not="some requests were slowed by something the lengths do not carry (other jobs, page faults, a GC)",
+        why_not=why_not,
     )
 
 

@@ -38,15 +38,23 @@ def roofline_orderings(shape, *, prompt_len: int, context_len: int, peak_flops: 
     return u["prefill"]["mfu"] / u["decode b=1"]["mfu"], u["decode b=1"]["mbu"] / u["prefill"]["mbu"]
 
 
-def ordering(statement: str, measured_ratio: float, predicted_ratio: float, spread=None) -> Verdict:
-    """Claim: an ordering holds by at least half the factor the roofline predicts for it."""
+def ordering(
+    statement: str, measured_ratio: float, predicted_ratio: float, spread=None, uses: dict[str, float] | None = None
+) -> Verdict:
+    """Claim: an ordering holds by at least half the factor the roofline predicts for it. ``uses``: each
+    phase's share of its own binding roof (``binding_use``), from which the reason is computed: the phase
+    farthest below its roof is the one that brought the two utilizations closer."""
+    why = ""
+    if uses:
+        (low, u_low), *_ = sorted(uses.items(), key=lambda kv: kv[1])
+        shares = ", ".join(f"{name} {u:.0%}" for name, u in uses.items())
+        why = f"each phase's use of its binding roof: {shares}; the {low}, farthest below its roof, narrows the gap"
     return claim(
         f"{statement}, by at least half the roofline's {predicted_ratio:.0f}x",
         measured_ratio,
         at_least=predicted_ratio / 2,
         spread=spread,
-        why_not="one phase ran far from its roof (the prefill below the matmul peak, or the decode far above its "
-        "byte floor), so the two utilizations are closer than the roofline says",
+        why_not=why,
     )
 
 
@@ -94,15 +102,18 @@ def binding_use(mfu: float, mbu: float) -> float:
     return max(mfu, mbu)
 
 
-def low_mfu_can_be_optimal(decode_mfu: float, decode_mbu: float, prefill_mfu: float, prefill_mbu: float) -> Verdict:
+def low_mfu_can_be_optimal(
+    decode_mfu: float, decode_mbu: float, prefill_mfu: float, prefill_mbu: float, why_not: str = ""
+) -> Verdict:
     """Claim (Huyen): utilization is not the goal. The batch-1 decode, at a small MFU, uses its binding resource
-    (bandwidth) at least half as well as the prefill uses its own (compute)."""
+    (bandwidth) at least half as well as the prefill uses its own (compute). ``why_not``: the measured reason
+    the decode read below its roof (``bottlenecks.below_roof.why_below_roof``); none is printed without it."""
     return claim(
         f"a decode at {decode_mfu:.1%} MFU is not badly run: it uses the resource that binds it (bandwidth) at "
         "least half as well as the prefill uses compute",
         binding_use(decode_mfu, decode_mbu) / binding_use(prefill_mfu, prefill_mbu),
         at_least=0.5,
-        why_not="the decode step pays much besides its bytes (op dispatch, small ops): its MBU is low too",
+        why_not=why_not,
     )
 
 
