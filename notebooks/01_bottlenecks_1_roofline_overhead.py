@@ -81,7 +81,7 @@ from course_lib.bottlenecks import sweep_verdicts
 from course_lib.core.dtypes import torch_dtype
 from course_lib.kernels import intensity as ik
 from course_lib.kernels import interpreter_on
-from course_lib.measure import bench, costs, hardware, microbench, plots, profiling, references
+from course_lib.measure import bench, costs, hardware, plots, profiling, references
 from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
 from course_lib.measure.roofline import Point, Roof
@@ -134,8 +134,11 @@ print(f"bandwidth: {bytes_used / 1e9:5.0f} GB/s of {a100.hbm_tbps * 1e3:g} = {by
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-peaks = microbench.machine_peaks()  # cached per machine: the same roof as chapter 00 (refresh=True re-measures)
-print(peaks.provenance)
+from course_lib.machine import profile as machine_profile
+
+prof = machine_profile()  # this machine's profile: measured once (chapter 00), loaded by every chapter
+print(prof.line())
+peaks = prof.peaks()  # its peaks at this thread count: the same roof in every chapter
 roof = Roof.from_measured(peaks, DT, f"this machine {DT} (measured)")
 print(f"measured: {peaks.bandwidth / 1e9:.1f} GB/s, {roof.peak_flops / 1e9:.1f} GFLOP/s {DT} matmul")
 print(f"ridge point (hardware arithmetic intensity): {roof.ridge:.2f} FLOP/byte")

@@ -62,12 +62,13 @@ import torch
 import course_lib  # sets TRITON_INTERPRET=1 when there is no CUDA GPU
 from course_lib.bottlenecks import capacity, decode_plots, explorer, phases, sweep_verdicts, time_floors, transfer
 from course_lib.bottlenecks import decode_roofline as dr
+from course_lib.bottlenecks.below_roof import why_below_roof
 from course_lib.bottlenecks.llm_phases import batch_to_reach, llm_phases
 from course_lib.core import memory
 from course_lib.core.dtypes import torch_dtype
 from course_lib.engine import Engine
 from course_lib.engine.scheduler import SchedulerConfig
-from course_lib.measure import bench, hardware, microbench, plots, profiling, references
+from course_lib.measure import bench, hardware, plots, profiling, references
 from course_lib.measure.claims import claim, compare_prediction, relative_spread
 from course_lib.measure.report import record
 from course_lib.measure.roofline import Point, Roof, min_time
@@ -98,27 +99,30 @@ if not CUDA:
 # * to predict where any model lands on any GPU's roofline, before running it.
 #
 # **Models in this part.** Section 4 uses a `transformers` Llama with random weights (no download), sized
-# so its weights are far larger than a CPU's last-level cache, to put prefill beside decode. Section 4b
-# measures decode where the regime decides the lesson: on **SmolLM2-135M-Instruct** (538 MB in fp32, many
-# times a CPU's last-level cache: the section prints the ratio on this machine; card:
+# so its weights are larger than most CPUs' last-level cache (the section prints the ratio), to put prefill
+# beside decode. Section 4b
+# measures decode where the regime decides the lesson: on **SmolLM2-135M-Instruct** (538 MB in fp32,
+# larger than most CPUs' last-level cache: the section prints the ratio on this machine; card:
 # `data/models/smollm2-135m-instruct.md`) through the course's own engine, and, as the contrast, on the
-# course's 5M-parameter **tiny-target** (20 MB, small enough to live in that cache). Section 6 counts
+# course's 5M-parameter **tiny-target** (20 MB, small enough to live in most of those caches). Section 6 counts
 # FLOPs and bytes of published models (Llama-2/3) without running them.
 
 # %% [markdown]
-# This machine's roof, as part 1 measured it (cached per machine), and the per-op cost of part 1's
-# section 3b (the fastest of three tiny elementwise ops), which section 4b sets beside the roofline:
+# This machine's roof and per-op cost, from its profile (measured once, in chapter 00, and loaded by every
+# chapter); section 4b sets the per-op cost beside the roofline:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-peaks = microbench.machine_peaks()  # cached per machine: the same roof as chapter 00 (refresh=True re-measures)
-print(peaks.provenance)
+from course_lib.machine import profile as machine_profile
+
+prof = machine_profile()  # this machine's profile: measured once (chapter 00), loaded by every chapter
+print(prof.line())
+peaks = prof.peaks()  # its peaks at this thread count: the same roof in every chapter
 roof = Roof.from_measured(peaks, DT, f"this machine {DT} (measured)")
 print(f"measured: {peaks.bandwidth / 1e9:.1f} GB/s, {roof.peak_flops / 1e9:.1f} GFLOP/s {DT} matmul")
 print(f"ridge point (hardware arithmetic intensity): {roof.ridge:.2f} FLOP/byte")
-op_t = profiling.op_size_sweep([1, 4, 16], device=DEV, dtype="fp32", repeats=course_lib.pick(10, 30))
-per_op = min(t.median_s for t in op_t)
-print(f"per-op floor: {per_op * 1e6:.2f} us (part 1, section 3b)")
+per_op = prof.per_op_us * 1e-6  # one definition in every chapter: the profile's (part 1, section 3b measures it)
+print(f"per-op cost: {prof.per_op_us:.2f} us (the profile's: a 1-element add, back to back)")
 llama7b = accounting.ModelShape.from_name("llama-2-7b")
 
 # %% [markdown]
@@ -240,11 +244,17 @@ print(
     f"batch {b_cmp} (ridge batch {b_ridge}): step time {growth:.2f}x batch 1's for {b_cmp}x the tokens; "
     f"the roofline's floors predict {floor_growth:.2f}x"
 )
+b1_ops = profiling.count_ops(phases.decode_step(model, batch=1, context_len=CTX))
+bn_ops = profiling.count_ops(phases.decode_step(model, batch=b_cmp, context_len=CTX))
+extra_s = dec[b_cmp].median_s - dec[1].median_s
 slow_growth = sweep_verdicts.batch_cost_verdict(
     b_cmp,
     growth,
     floor_growth,
     spread=max(relative_spread(dec[b].samples_s) for b in (1, b_cmp)),
+    why_not=f"the step dispatches {b1_ops} torch ops at batch 1 and {bn_ops} at batch {b_cmp} "
+    f"({(bn_ops - b1_ops) * prof.per_op_us / 1e3:.2f} ms more dispatch) and grows {extra_s * 1e3:.1f} ms: the rest "
+    f"of the growth is the kernels' time on {b_cmp} rows, which the roofline's floors do not see",
 )
 prefill_roof = claim(
     f"prefill of {prompt_lens[-1]} tokens runs at half the compute roof or more",
@@ -257,7 +267,7 @@ decode_roof = claim(
     "decode at batch 1 streams the weights at half the measured bandwidth or more",
     b1.gbps * 1e9 / peaks.bandwidth,
     at_least=0.5,
-    why_not="a batch-1 step is many small ops (part 1, section 3b): overhead, not bandwidth, takes much of it",
+    why_not=why_below_roof(b1.median_s, b1.bytes, peaks.bandwidth, n_ops=b1_ops, per_op_s=prof.per_op_us * 1e-6),
 )
 steps = [dec[b].median_s for b in batches]
 dips = [(batches[i], batches[i + 1]) for i in range(len(steps) - 1) if steps[i + 1] < 0.95 * steps[i]]
@@ -283,14 +293,14 @@ if dips:
 # %% [markdown]
 # ## 4b · Decode on a real model: SmolLM2-135M-Instruct on the course engine
 #
-# *Claim.* Section 4 timed decode through `transformers`' plain forward. A serving engine does better:
-# the course's `Engine` with `linear="packed"` sends every fp32 matmul on a CPU to oneDNN, on a weight
-# packed once into oneDNN's blocked layout (`engine.layers.PackedLinear`): one kernel for every batch of
-# the sweep below, and the packed copy is the only one (the default `linear="auto"` keeps the plain weights;
-# its 1-4-row products run the course's own GEMV, `kernels.cpu_gemv`, timed against this kernel in chapter
-# 02-2). On a model whose weights are far larger than the last-level cache, a batch-1
-# decode step then has to stream every weight from DRAM once, so its time per output token (TPOT)
-# should sit near bytes ÷ bandwidth. NVIDIA's *Mastering LLM Techniques: Inference Optimization*
+# *Claim.* Section 4 timed decode through `transformers`' plain forward. A serving engine does better,
+# and this section times the course's `Engine` as it comes, at its best on this machine: with
+# `decode="auto"` (the default) a decode step of 1-4 sequences runs as one C call where the course's
+# kernels build (`engine.native_step`, over the course's GEMV in `kernels.cpu_gemv`), and larger batches
+# run the fused torch step, whose matmuls go to oneDNN on a packed weight up to 16 rows and to `F.linear`
+# above (`engine.layers.SkinnyLinear`); the profile's line above says which path this machine takes. On a
+# model whose weights are far larger than the last-level cache, a batch-1 decode step has to stream every
+# weight from DRAM once, so its time per output token (TPOT) should sit near bytes ÷ bandwidth. NVIDIA's *Mastering LLM Techniques: Inference Optimization*
 # names the ratio **model bandwidth utilisation**: MBU = (weights + KV cache a step reads) ÷ TPOT ÷
 # peak bandwidth. First, which memory serves those bytes here (sizes against this CPU's cache):
 
@@ -307,7 +317,6 @@ smol_engine = Engine(
     "smollm2-135m-instruct",
     device=DEV,
     dtype=DT,
-    linear="packed" if DEV == "cpu" and DT == "fp32" else "auto",
     config=SchedulerConfig(  # a small KV cache: rows for the largest batch, each just long enough
         max_model_len=smol_ctx + smol_warmup + max(smol_steps, smol_steps_b1) + 1,
         max_num_seqs=max(smol_batches),
@@ -327,7 +336,7 @@ print(
     f"{accounting.weights_read_per_step(smol, 1, DT) / 1e6:.0f} MB + KV cache of {smol_ctx} tokens "
     f"{accounting.kv_bytes_per_token(smol, DT) * smol_ctx / 1e6:.1f} MB"
 )
-print("=", hardware.cache_regime(smol_bytes))
+print(prof.regime(smol_bytes, "a batch-1 step"))
 
 # %% [markdown]
 # *Predict.* From the bytes above and the measured bandwidth above, what TPOT (in ms) do you expect for
@@ -356,12 +365,15 @@ print(
     f"MBU = {smol1.bytes / 1e6:.0f} MB / {smol1.tpot_s * 1e3:.1f} ms / {peaks.bandwidth / 1e9:.1f} GB/s "
     f"= {smol_mbu:.0%} (it streamed {smol1.gbps:.1f} GB/s)"
 )
+smol_mm = profiling.time_matmuls(smol_engine, 1, repeats=course_lib.pick(3, 10))
+print(f"decode path: {smol_engine.decode_path}")
 mbu_held = claim(
     "SmolLM2 decode at batch 1 is bandwidth-bound: MBU 50% or more of the measured bandwidth",
     smol_mbu,
     at_least=0.5,
-    why_not="other jobs share this machine's memory bus, or the packed GEMV streams below STREAM's rate "
-    "here; the ops around the matmuls (part 1, section 3b) add their own time",
+    why_not=why_below_roof(
+        smol1.tpot_s, smol1.bytes, peaks.bandwidth, matmul_s=smol_mm.median_s, matmul_bytes=smol_mm.bytes
+    ),
 )
 
 # %% [markdown]
@@ -394,27 +406,35 @@ for name, r, eng in (("SmolLM2-135M", smol1, smol_engine), ("tiny-target", tiny1
         f"compute {f['compute-bound'] * 1e3:5.2f} ms, {n_ops} ops x {per_op * 1e6:.1f} us = "
         f"{f['overhead-bound'] * 1e3:5.2f} ms | measured {r.tpot_s * 1e3:6.2f} ms = "
         f"{r.tpot_s / f['bandwidth-bound']:4.1f}x the DRAM floor, MBU {r.mbu(peaks.bandwidth):4.0%}"
+        + (
+            "  (above DRAM: the cache served it, so no MBU)"
+            if r.mbu(peaks.bandwidth) > 1 + prof.spread("triad")
+            else ""
+        )
     )
+print(prof.regime(tiny1.bytes, "tiny-target's step"))
+tiny_ovh = step_floors["tiny-target"]["overhead-bound"]
 tiny_not_dram = claim(
     "tiny-target does not wait for DRAM: its TPOT is 3x its DRAM floor or more",
     tiny1.tpot_s / step_floors["tiny-target"]["bandwidth-bound"],
     at_least=3,
-    why_not="on this machine the ops of a step are unusually cheap, or the bandwidth measured is unusually low",
+    why_not=f"its step ({tiny_engine.decode_path.split(';')[0]}) dispatches {n_ops} torch ops = {tiny_ovh * 1e3:.2f} ms, "
+    f"{tiny_ovh / tiny1.tpot_s:.0%} of its {tiny1.tpot_s * 1e3:.2f} ms TPOT: with that little to dispatch, the step "
+    f"takes {tiny1.tpot_s / step_floors['tiny-target']['bandwidth-bound']:.1f}x its bytes / DRAM bandwidth",
 )
 del tiny_engine
 dr.release_memory()
 
 # %% [markdown]
-# *Explain.* Where both verdicts held: SmolLM2's step time is set by its bytes, on the bandwidth slope
-# as the roofline says, while tiny-target's step is far shorter in bytes than in time. Its weights fit
-# in the last-level cache, so after the first step they need not come from DRAM at all, and its DRAM
-# floor is no floor; what is left is the cost of issuing its ops (fewer than SmolLM2's, it has fewer
-# layers: the op counts above), the third regime of part 1's section 3b. The op floor printed is a lower bound:
-# part 1's one-element add is the cheapest op there is, while a step's ops allocate outputs and do
-# more. Where the first verdict failed, the gap between TPOT and the DRAM floor is time SmolLM2 spends
-# on something other than streaming its weights (other jobs on the machine show up here first). A model that fits in the cache teaches
-# overhead, not bandwidth: that is why this chapter's bandwidth lesson needs the real model, and why
-# chapter 02 counts a small model's ops to explain its TPOT.
+# *Explain.* When the first verdict holds, SmolLM2's step is set by its bytes, on the bandwidth slope as
+# the roofline says; when it fails, its reason splits the step, measured, into its matmuls alone and the
+# rest. tiny-target's weights fit in the last-level cache (the regime line above), so after the first step
+# they need not come from DRAM at all and its DRAM floor is no floor: what is left is issuing its work. The
+# reference forward (`decode="eager"`) issues dozens of torch ops per layer, part 1's third regime, and
+# its step then takes many times its DRAM floor; the default C step issues a handful, so its TPOT can fall
+# to the order of its bytes ÷ DRAM bandwidth. The op counts above and the second verdict say which this run
+# took. A model that fits in the cache teaches overhead, not bandwidth: that is why this chapter's
+# bandwidth lesson needs the real model, and why chapter 02 counts a small model's ops to explain its TPOT.
 #
 # ### TPOT against the batch, up to and past the ridge
 #
@@ -475,15 +495,31 @@ plt.show()
 compare_prediction(
     "batch where SmolLM2's TPOT bends", my_prediction_bend_batch, theory=ridge_b, measured=smol_bend.batch
 )
-bend_measured = smol_bend.batch if smol_bend.batch is not None else float(smol_batches[-1])  # none: past the range
-bend_near_ridge = claim(
-    f"TPOT bends within 2x of the ridge batch {ridge_b}" + ("" if smol_bend.batch else " (no bend in the range)"),
-    bend_measured / ridge_b,
-    at_least=0.5,
-    at_most=2,
-    why_not="a skinny matmul of a few rows reaches less than the big matmul that set the compute peak, so the "
-    "compute floor is met earlier; or the library switched kernels inside the range (see below)",
-)
+if smol_bend.batch is not None:
+    bend_near_ridge = claim(
+        f"TPOT bends within 2x of the ridge batch {ridge_b}",
+        smol_bend.batch / ridge_b,
+        at_least=0.5,
+        at_most=2,
+        why_not=f"it bent at batch {smol_bend.batch:.1f}, {'before' if smol_bend.batch < ridge_b else 'past'} the "
+        f"ridge batch {ridge_b}; the kernels by batch: "
+        + ", ".join(f"{r.batch}: {dr.linear_path(smol_engine, r.batch)}" for r in sweep_rows),
+    )
+elif smol_batches[-1] >= 2 * ridge_b:  # no bend up to a batch past 2x the ridge: the claim is refuted
+    bend_near_ridge = claim(
+        f"TPOT bends within 2x of the ridge batch {ridge_b} (no bend up to batch {smol_batches[-1]})",
+        smol_batches[-1] / ridge_b,
+        at_most=2,
+        why_not=f"no bend up to batch {smol_batches[-1]}: the step stays bound by something other than compute",
+    )
+else:  # the sweep ends before 2x the ridge: this run cannot decide
+    bend_near_ridge = None
+    print(
+        f"undecided: no bend up to batch {smol_batches[-1]}, short of 2x the ridge batch {ridge_b}; a wider sweep decides"
+    )
+
+# %%
+# NBVAL_IGNORE_OUTPUT
 below = [r for r in sweep_rows if 1 < r.batch <= ridge_b]
 if below:
     r_below = below[-1]
@@ -491,16 +527,17 @@ if below:
         f"below the ridge, batching is nearly free: batch {r_below.batch} takes at most 1.5x batch 1's TPOT",
         r_below.tpot_s / sweep_rows[0].tpot_s,
         at_most=1.5,
-        why_not="the per-sequence work (attention over its own KV cache, sampling, bookkeeping) or a slower "
-        "multi-row kernel adds time long before the weights are reused enough to be compute-bound",
+        why_not=f"batch 1 ran on the {dr.linear_path(smol_engine, 1)}, batch {r_below.batch} on "
+        f"{dr.linear_path(smol_engine, r_below.batch)}: it read the weights at {r_below.gbps:.1f} GB/s where "
+        f"batch 1 read {sweep_rows[0].gbps:.1f}",
     )
 past = sweep_rows[-1]
 past_on_roof = claim(
     f"past the ridge, batch {past.batch} runs within 2x of its compute floor",
     past.tpot_s / sweep_floor[-1],
     at_most=2,
-    why_not="these 576-wide matrices are small next to the matmul that set the peak, so the library reaches "
-    "a fraction of that peak on them",
+    why_not=f"batch {past.batch} ran on {dr.linear_path(smol_engine, past.batch)} at {past.gflops:.0f} GFLOP/s, "
+    f"{past.gflops * 1e9 / roof.peak_flops:.0%} of the {roof.peak_flops / 1e9:.0f} GFLOP/s matmul peak",
 )
 if packed_rows is not None and packed_rows != smol_batches[-1]:
     after = next(r for r in sweep_rows if r.batch > packed_rows)
@@ -530,10 +567,9 @@ if rss_before:
 # hundreds (section 6). The compute floor assumes the matmul peak that a 1024-wide matmul reached in
 # chapter 00; SmolLM2's matrices are 576 wide and a few rows tall, so past the ridge its steps can run
 # well below that peak (the third verdict), and a measured bend earlier than the ridge batch is the sign. The engine's
-# kernel choice is part of the curve too: here every batch runs the same packed oneDNN kernel, but the
-# default `linear="auto"` (`SkinnyLinear`) packs weights for at most `max_packed_rows=16` rows and hands
-# larger batches to `F.linear`, so with it a change of slope right after 16 can be the library, not the
-# roofline (a line above says so when a run has the switch). The per-sequence work — attention
+# kernel choice is part of the curve too: the sweep's table names each batch's path (the C step for a few
+# rows, oneDNN on a packed weight up to 16, `F.linear` above), so a change of slope at a switch can be the
+# kernel, not the roofline (a line above says so when a run has the switch). The per-sequence work — attention
 # over each sequence's own KV cache, the sampler, the scheduler's bookkeeping — grows with the batch
 # whatever the weights do; at this short context it is small, but it is why a real curve is never
 # perfectly flat below the ridge.
@@ -898,11 +934,11 @@ ch01.check_ridge_batch_here(answer, shape, roof.ridge, context_len=CTX, dtype=DT
 #   stream from memory. Batching shares each weight read across sequences and pushes decode up the
 #   bandwidth slope toward the ridge; long contexts push back, because each sequence's KV cache must be
 #   read too.
-# * The bandwidth lesson needs bytes that come from DRAM. On SmolLM2-135M (weights many times the
-#   last-level cache) through the course engine's fastest CPU path, MBU says how close a batch-1 step
+# * The bandwidth lesson needs bytes that come from DRAM. On SmolLM2-135M (538 MB of weights; section 4b's
+#   regime line says how they compare with this CPU's cache) through the course engine's fastest CPU path, MBU says how close a batch-1 step
 #   came to bytes ÷ bandwidth, and the TPOT-vs-batch curve bends where the roofline puts the ridge
-#   (section 4b's verdicts say whether both held here). A model that fits in the cache (tiny-target) is
-#   not bandwidth-bound at all: its step waits on ops, not on memory.
+#   (section 4b's verdicts say whether both held here). A model that fits in the cache (tiny-target) does
+#   not wait for DRAM: on the reference step it waits on ops, and on the C step its bytes come from cache.
 # * Image generators reuse each convolution weight at every pixel and sit right of the ridge:
 #   compute-bound. Autoregressive LMs sit left of it: bandwidth-bound. The rest of the course is largely
 #   about moving decode to the right (batching, quantization that shrinks the bytes) or making its bytes

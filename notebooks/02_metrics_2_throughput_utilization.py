@@ -88,8 +88,8 @@ import transformers
 import course_lib
 from course_lib import serving
 from course_lib.bottlenecks import decode_mbu, mfu_bound, roof_check, time_floors
+from course_lib.bottlenecks.below_roof import why_below_roof
 from course_lib.bottlenecks.engine_vs_hf import PROMPT, engine_vs_hf, format_rows
-from course_lib.compression import gemv_roof, int8_dyn_record, peer_roof, requant
 from course_lib.core import memory
 from course_lib.engine import Engine
 from course_lib.engine.sampling import SamplingParams
@@ -127,9 +127,14 @@ print(f"tiny-target: {n_params:,} parameters, {accounting.weight_bytes(shape, DT
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-peaks = microbench.measured_peaks()
+from course_lib.machine import profile as machine_profile
+
+prof = machine_profile()  # this machine's profile: measured once (chapter 00), loaded by every chapter
+print(prof.line())
+peaks = prof.peaks()  # its peaks at this thread count: the same roof in every chapter
 PEAK, BW = peaks.peak_flops(DT), peaks.bandwidth
 w_bytes = accounting.weight_bytes(shape, DT)
+print(prof.regime(w_bytes, "tiny-target's weights"))
 cache_bw = microbench.measure_bandwidth("triad", n_bytes=int(w_bytes / 3), device=DEV).rate(w_bytes, best=True)
 pool = serving.prompt_pool(engine.tokenizer, 2048)
 n_long = course_lib.pick(512, 1000)
@@ -181,6 +186,8 @@ cN = c_batches[-1]
 print(f"SmolLM2: {c_params:,} parameters, {accounting.weight_bytes(cshape, DT) / 1e6:.0f} MB of {DT} weights")
 print("TTFT: " + ", ".join(f"{n} prompt tokens {t * 1e3:.0f} ms" for n, t in c_ttft.items()))
 print("TPOT: " + ", ".join(f"batch {b} {t * 1e3:.1f} ms" for b, t in c_tpot.items()))
+c_mm = profiling.time_matmuls(chat, 1, repeats=course_lib.pick(3, 10))  # its matmuls alone, for section 1's reasons
+print(f"decode path: {chat.decode_path}")
 del chat, chat_pool  # the SmolLM2 engine is 1 GB: keep its numbers only
 gc.collect()
 engine = Engine("tiny-target", device=DEV, dtype=DT)  # the tiny model again, for the sections below
@@ -269,7 +276,9 @@ util = {
 print(f"{'':<14}{'':<14}{'MFU':>8}{'MBU':>8}   (vs measured {PEAK / 1e9:.0f} GFLOP/s and {BW / 1e9:.1f} GB/s)")
 for model, phases in util.items():
     for name, u in phases.items():
-        print(f"{model:<14}{name:<14}{u['mfu']:>8.1%}{u['mbu']:>8.1%}")
+        over = u["mfu"] > 1 + prof.spread(DT) or u["mbu"] > 1 + prof.spread("triad")
+        flag = "   <- above the profile's peak: a probe error, not a utilization" if over else ""
+        print(f"{model:<14}{name:<14}{u['mfu']:>8.1%}{u['mbu']:>8.1%}{flag}")
 tiny_cache_mbu = util["tiny-target"][f"decode b={b1}"]["mbu"] * BW / cache_bw
 print(f"tiny-target decode b=1 MBU against the cache bandwidth: {tiny_cache_mbu:.1%}")
 cu = util["SmolLM2-135M"]
@@ -277,17 +286,30 @@ compare_prediction("SmolLM2 decode MBU at batch 1", my_mbu_prediction, measured=
 mfu_pred, mbu_pred = utilization_checks.roofline_orderings(
     cshape, prompt_len=c_long, context_len=c_ctx, peak_flops=PEAK, bandwidth=BW, dtype=DT
 )
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+uses = {n: utilization_checks.binding_use(cu[n]["mfu"], cu[n]["mbu"]) for n in ("prefill", "decode b=1")}
 mfu_order = utilization_checks.ordering(
-    "SmolLM2: prefill's MFU beats decode's (batch 1)", cu["prefill"]["mfu"] / cu["decode b=1"]["mfu"], mfu_pred
+    "SmolLM2: prefill's MFU beats decode's (batch 1)",
+    cu["prefill"]["mfu"] / cu["decode b=1"]["mfu"],
+    mfu_pred,
+    uses=uses,
 )
 mbu_order = utilization_checks.ordering(
-    "SmolLM2: decode's MBU (batch 1) beats prefill's", cu["decode b=1"]["mbu"] / cu["prefill"]["mbu"], mbu_pred
+    "SmolLM2: decode's MBU (batch 1) beats prefill's",
+    cu["decode b=1"]["mbu"] / cu["prefill"]["mbu"],
+    mbu_pred,
+    uses=uses,
 )
+c_bytes = accounting.decode_step_bytes(cshape, c_ctx, 1, DT)
+below = why_below_roof(c_tpot[1], c_bytes, BW, matmul_s=c_mm.median_s, matmul_bytes=c_mm.bytes)
+print(prof.regime(c_bytes, "SmolLM2's batch-1 step"))
 real_bw_bound = claim(
     "SmolLM2's batch-1 decode is bandwidth-bound: it uses at least half the measured DRAM bandwidth (MBU >= 50%)",
     cu["decode b=1"]["mbu"],
     at_least=0.5,
-    why_not="other jobs shared the memory bus or the cores, or the step's op dispatch is a large share of it",
+    why_not=below,
 )
 
 # %% [markdown]
@@ -307,39 +329,45 @@ real_bw_bound = claim(
 # *Two peaks, two bars.* Every MFU above divides by the *measured* matmul peak (a large square fp32 matmul
 # timed on this machine), so it asks "how close to the best this machine's library does". Huyen's "> 50%
 # MFU is good" is defined against the *theoretical* peak, the datasheet's: for a CPU, cores × clock ×
-# FLOP per cycle of its FMA units (`hardware.cpu_theoretical_flops`; chapter 00 derives it, e.g. 32 fp32
-# FLOP per cycle on AMD Zen 4, which double-pumps AVX-512). Each MFU is judged against its own bar:
+# FLOP per cycle of its FMA units (`prof.ceiling`, at the clock chapter 00 measured; e.g. 32 fp32 FLOP per
+# cycle on AMD Zen 4, which double-pumps AVX-512). A rate above a peak is a probe error, not an MFU above
+# 100%, and is printed as one. Each MFU is judged against its own bar:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 info = hardware.detect_device()
 gpu_sheet = hardware.spec_for_device(info) if CUDA else None
-theory_fp32 = (gpu_sheet.peak_flops("fp32") if gpu_sheet else None) if CUDA else hardware.cpu_theoretical_flops(info)
-theory_bf16 = utilization_checks.bf16_theoretical(theory_fp32, info.isa) if not CUDA else None
+if CUDA:
+    theory_fp32, fpc = (gpu_sheet.peak_flops("fp32") if gpu_sheet else None), "datasheet"
+    theory_bf16, bf16_how = None, ""
+else:  # the profile's ceilings: cores x the measured clock x FLOP/cycle (AMX or VDPBF16PS for bf16)
+    theory_fp32, fpc = prof.ceiling("fp32")
+    theory_bf16, bf16_how = prof.ceiling("bf16")
 if theory_fp32:
-    fpc = "datasheet" if CUDA else f"{hardware.flop_per_cycle(info)} FLOP/cycle x {info.mhz:.0f} MHz, {info.clock_note}"
     print(
         f"theoretical fp32 peak: {theory_fp32 / 1e9:.0f} GFLOP/s ({fpc}); "
         f"measured matmul peak {PEAK / 1e9:.0f} GFLOP/s = {PEAK / theory_fp32:.0%} of it"
     )
-    if theory_bf16:
-        print(
-            f"theoretical bf16 peak (AVX-512 BF16: VDPBF16PS does two bf16 products per fp32 lane): "
-            f"{theory_bf16 / 1e9:.0f} GFLOP/s; this chapter runs fp32 only"
-        )
+    print(
+        f"theoretical bf16 peak: {theory_bf16 / 1e9:.0f} GFLOP/s ({bf16_how}); this chapter runs fp32 only"
+        if theory_bf16
+        else f"no bf16 ceiling: {bf16_how}"
+    )
 c_prefill_rate = accounting.prefill_flops(cshape, c_long) / c_ttft[c_long]
 two = utilization_checks.mfu_two_peaks(c_prefill_rate, PEAK, theory_fp32)
 print(f"SmolLM2 prefill at {c_long} tokens: {c_prefill_rate / 1e9:.0f} GFLOP/s")
-print(f"  MFU vs the measured matmul peak {two['measured']:.0%}   (bar: >= 80%, as fast as this machine's best matmul)")
-mfu_meas_ok = utilization_checks.mfu_near_measured(two["measured"])
+frac, text = prof.utilization(c_prefill_rate, flops=True, dtype=DT)
+print(f"  MFU vs the measured matmul peak: {text}   (bar: >= 80%, as fast as this machine's best matmul)")
+mfu_meas_ok = utilization_checks.mfu_near_measured(two["measured"]) if "probe error" not in text else None
 if two["theoretical"] is not None:
-    print(f"  MFU vs the theoretical peak      {two['theoretical']:.0%}   (Huyen's bar: > 50%)")
-    mfu_theory_ok = utilization_checks.mfu_good_theoretical(two["theoretical"])
     if two["theoretical"] > 1:
         print(
-            f"  above 100%: the clock it assumes is the {info.clock_note} ({info.mhz:.0f} MHz) and the cores boost "
-            "above it; the theoretical peak is only as good as the clock it is computed at"
+            f"  vs the theoretical peak: {two['theoretical']:.0%}, above it: a probe error (the ceiling {fpc} "
+            "is below a measured rate), so no MFU against it is printed"
         )
+    else:
+        print(f"  MFU vs the theoretical peak      {two['theoretical']:.0%}   (Huyen's bar: > 50%)")
+        mfu_theory_ok = utilization_checks.mfu_good_theoretical(two["theoretical"])
     print(f"decode at batch 1 against the theoretical peak: MFU {cu['decode b=1']['mfu'] * PEAK / theory_fp32:.1%}")
 
 # %% [markdown]
@@ -356,7 +384,7 @@ for name, u in cu.items():
         f"SmolLM2 {name:<12}: MFU {u['mfu']:6.1%}, MBU {u['mbu']:6.1%} -> uses its binding roof {utilization_checks.binding_use(u['mfu'], u['mbu']):.0%}"
     )
 not_the_goal = utilization_checks.low_mfu_can_be_optimal(
-    cu["decode b=1"]["mfu"], cu["decode b=1"]["mbu"], cu["prefill"]["mfu"], cu["prefill"]["mbu"]
+    cu["decode b=1"]["mfu"], cu["decode b=1"]["mbu"], cu["prefill"]["mfu"], cu["prefill"]["mbu"], why_not=below
 )
 
 # %% [markdown]
@@ -385,203 +413,9 @@ if not any(run["gpu"] for run in mbu_runs):
     )
 
 # %% [markdown]
-# ### The products at the roof: one GEMV per weight format, and the peer
-#
-# A batch-1 decode step is a chain of GEMVs: one row times every weight. Its MBU can only be as high as
-# those products read their weights, so the course's performance ledger (`benchmarks/ledger.py`) sets a goal for them alone: the
-# decode-shaped products (1-4 rows) of the fp32, int8 and int4 layers read their weight at ≥ 75% of
-# STREAM, on a matrix far bigger than the cache. The cell times one square weight in each format, on
-# every kernel the engine can use for it: fp32 through `F.linear` (MKL), oneDNN's packed kernel, and the
-# course's own GEMV (`kernels.cpu_gemv`: a C file built on first use with the machine's compiler,
-# `-march=native`, each weight streamed once over all threads with the activations in fp32); int8 per
-# channel and int4 asymmetric in groups of 32 (llama.cpp's Q4_1 layout) on the course's GEMV (what the
-# engine picks where it is built) and on torch's packed kernels (`aten._weight_int8pack_mm`,
-# `aten._weight_int4pack_mm_for_cpu`: the `bf16` rows, which round the activations to bf16). Each cycles
-# through copies until a pass reads 2× the LLC (4× in full mode), so no format is served from the cache. Each
-# sample is divided by one STREAM triad pass timed just before it, with the same threads and under the same
-# load, and a row's fraction is the median of those paired ratios: a shared machine whose speed drifts during
-# the cell moves both sides of a pair alike. The cell prints the roof the MBU above divides by beside it. (Where no C compiler is found, the course's rows are left out and the
-# engine keeps to torch's kernels.)
-#
-# *Your prediction first:* what fraction of STREAM does the fp32 product reach at one row, and does
-# int4 come closer to the roof or farther? int4 reads 6.4× fewer bytes than fp32, but every nibble must
-# be unpacked and scaled before its multiply.
-
-# %%
-my_fp32_fraction = None  # e.g. 0.8
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-LLC = hardware.detect_device().cache_bytes or 32 * 2**20
-WS = microbench.working_set_bytes()  # 2x the LLC in quick mode, 4x in full, within a quarter of free memory
-g_n = course_lib.pick(2048, 4096)
-if CUDA:
-    roof = []
-    print("these are the CPU kernels; a GPU run skips them (chapter 03 times the GPU ones)")
-else:
-    triad = microbench.measure_bandwidth("triad", repeats=course_lib.pick(4, 8))  # arrays past the LLC
-    stream_now = triad.rate(triad.bytes, best=True) / 1e9  # same threads, same load as the products
-    paired = gemv_roof.triad_sampler(microbench.default_array_bytes())  # one triad pass before each sample
-    roof = gemv_roof.gemv_roof(
-        g_n,
-        g_n,
-        stream_gbps=stream_now,
-        rows=(1, 4),
-        working_set=WS,
-        repeats=course_lib.pick(3, 5),
-        stream_sample=paired,
-    )
-    print(
-        f"{g_n} x {g_n} weight; each format cycles through >= {WS / 2**20:.0f} MiB = {WS / LLC:.1f}x the LLC; "
-        f"{torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}"
-    )
-    print(f"STREAM triad now, same threads: {stream_now:.1f} GB/s (the roof of section 1: {BW / 1e9:.1f} GB/s)")
-    print(gemv_roof.table(roof))
-    errs = gemv_roof.bf16_activation_error()
-    print("max error / max |y| against fp32 activations on the same weights: ", end="")
-    print(", ".join(f"{k} {v:.1e}" for k, v in errs.items()))
-    gemv_verdicts = gemv_roof.roof_verdicts(roof)
-    best = gemv_roof.best_by_format(roof)
-    compare_prediction("fp32 GEMV at 1 row, fraction of STREAM", my_fp32_fraction, measured=best["fp32"].fraction)
-    print(f"closest to the roof: {max(best, key=lambda f: best[f].fraction)}")
-
-# %% [markdown]
-# The same roof for the whole engine, from a recorded run (quick mode cannot afford llama.cpp's load and
-# three formats of SmolLM2): the course engine beside llama.cpp on the same SmolLM2 weights at batch 1,
-# decode tokens/s turned into bytes/s (tokens/s × the bytes one step reads in that format: Q8_0 stores
-# 34 bytes per 32 weights, Q4_1 20), against this machine's bandwidth, with the ledger's goals for the
-# engine ÷ llama.cpp ratio.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-peer = peer_roof.recorded_llamacpp()
-m = peer["meta"]
-print(f"recorded {m['date']} on {m['machine']}")
-print(f"  {m['threads']} threads, load average {m['load_average_before']:.1f} before, by: {m['command']}")
-peer_rows = peer_roof.achieved_bandwidth(peer, cshape, BW / 1e9)
-peer_stream = peer_rows[0]["stream_gbps"]
-if "stream_gbps" in m:
-    print(f"  fractions of that run's own STREAM triad: {peer_stream:.1f} GB/s at {m['threads']} threads")
-else:
-    print(f"  fractions of this machine's STREAM ({peer_stream:.1f} GB/s): the record stores no roof of its own")
-print(peer_roof.peer_table(peer_rows))
-peer_verdicts = peer_roof.peer_verdicts(peer_rows)
-bars_now = [(f"GEMV {r.format} ({r.rows} row)", r.gbps) for r in roof if r.rows == 1]
-bars_now.append((f"SmolLM2 decode b=1 ({DT})", cu["decode b=1"]["mbu"] * BW / 1e9))
-bars_rec = [
-    (f"{who} {r['format']}", r[key])
-    for r in peer_rows
-    for who, key in (("engine", "engine_gbps"), ("llama.cpp", "llama_gbps"))
-]
-fig, (ax_now, ax_rec) = plt.subplots(1, 2, figsize=(12, 0.35 * len(bars_rec) + 1.2))
-gemv_roof.bandwidth_bars(bars_now, BW / 1e9, ax=ax_now)
-ax_now.set_title("this run, against this machine's roof (section 1's)", fontsize=10)
-gemv_roof.bandwidth_bars(bars_rec, peer_stream, ax=ax_rec)
-ax_rec.set_title(f"the recorded run ({m['date']}), against its roof", fontsize=10)
-fig.tight_layout()
-plt.show()
-
-# %% [markdown]
-# *Explain.* A product at the roof would make the engine's decode a pure byte stream; the verdicts above
-# say how far each kernel is from that on this machine, and the recorded rows say the same of the whole
-# engine against a peer on identical weights. Read the two together: an engine streams no faster than
-# its large products, so a format whose GEMV misses the goal caps that format's decode too, and
-# llama.cpp's bars show what hand-written kernels reach on the same memory bus. Each side is read against
-# the roof of the machine it ran on (the recorded run stores its own STREAM). A fraction above 100% means
-# some of the bytes came from the cache, not from DRAM: set a format's weight bytes (SmolLM2's 538 MB in
-# fp32, a quarter of that in int8, less in int4) beside the LLC in the recorded machine's line. torch's int8 and int4
-# kernels take bf16 activations to be fast (given fp32 activations they leave their vectorized path); the
-# course's kernels keep them in fp32 and widen each weight to fp32 in registers instead, which costs
-# instructions: on a CPU without wide integer dot products (AVX2) the int8 and int4 products can run out
-# of arithmetic before they run out of bandwidth, so compare their GB/s with the fp32 row's. (Where the CPU
-# has AVX-512 VNNI, the course's int4 kernel keeps fp32's accuracy in integers instead: each block of 32
-# activations becomes 24-bit block floating point, three signed bytes per input, and 128 weights take six
-# integer dot-product instructions where widening takes 24; the next section measures what that leaves.) The printed
-# error is what each way costs against the fp32 reference, to set beside the weights' own int8/int4
-# rounding (the course's int4 keeps its scales in fp16, as Q4_1 does).
-# The `int8-dyn` row goes one step further, as llama.cpp's own Q8_0 and Q4_1 kernels do (they round
-# each activation block to 8 bits before integer dot products): fbgemm's dynamic int8 linear
-# (`WeightOnlyLinear(..., path="dynamic")`, opt-in) multiplies integers on the same int8 bytes; compare
-# its GB/s and its printed error with the `int8` row's. (Without VNNI it rounds to 7 bits: its 16-bit
-# pair sums would saturate at 8, `compression.linear.dynamic_reduce_range`.) The `int4-q8` row makes the
-# same trade on the course's own int4 kernel (`cpu_gemv.gemv_int4_q8`, opt-in `path="gemv-q8"`):
-# activations rounded to int8 per block of 32, as llama.cpp's Q8 blocks, then four nibbles times four
-# bytes per lane of one AVX-512 VNNI instruction, 64 products where the fp32 path widens and multiplies
-# 16 (without VNNI, AVX2's `vpmaddubsw` does 32 bytes at a time, as llama.cpp's AVX2 path). Its row against the `int4` row is what
-# the rounding buys here; its printed error is what it costs.
-# On a shared machine this run's GB/s fall with the load (printed beside them); the recorded rows
-# carry their own load average.
-
-# %% [markdown]
-# ### Which roof is lower: memory, or the kernel's own arithmetic?
-#
-# A GEMV below the goal may wait on memory (too few loads in flight) or on its own instructions: the
-# int8 and int4 kernels do work per weight before they multiply (the AVX-512 int4 kernel without VNNI
-# spends a shift, a mask-and-or and a multiply-add per 16 weights; with VNNI, six integer dot products and
-# four shifts and adds per 128; the fp32 kernel only a multiply-add per 16). The two are told
-# apart by taking memory away: the same kernels on one weight small enough to stay in the caches, read
-# again and again (`gemv_roof.cache_roof`, its best sample: a roof). A kernel slower than STREAM there cannot reach STREAM from
-# DRAM whatever it prefetches: on this CPU its arithmetic is the lower roof, and the table says how close
-# the DRAM run came to that one. The in-cache rate also carries each call's fixed work (the Python call,
-# preparing the activations), which weighs more the smaller the weight: 1,024 rows here, as the recorded run.
-#
-# *Predict:* which of the course's kernels are bound by their arithmetic here?
-
-# %%
-my_arithmetic_bound = None  # e.g. ["int4"]
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-if CUDA:
-    print("these are the CPU kernels; a GPU run skips them")
-else:
-    c_out = 1024
-    cache_rows = gemv_roof.cache_roof(
-        g_n,
-        stream_gbps=stream_now,
-        out_features=c_out,
-        calls=course_lib.pick(10, 20),
-        repeats=course_lib.pick(3, 5),
-        stream_sample=paired,
-    )
-    del paired  # its three arrays go back before the next section
-    print(f"in cache: one {c_out} x {g_n} weight, read again and again, {torch.get_num_threads()} threads")
-    print(gemv_roof.table(cache_rows))
-    bounds = gemv_roof.bound_verdicts(roof, cache_rows)
-    print(gemv_roof.bound_table(bounds))
-    arithmetic_bound = [b["format"] for b in bounds if b["lower_roof"] == "arithmetic"]
-    print(f"your prediction: {my_arithmetic_bound}")
-    print("bound by their arithmetic on this machine:", ", ".join(arithmetic_bound) or "none (memory is lower)")
-    for b in bounds:
-        if not b["reachable"]:
-            print(f"  {b['format']}: in cache {b['cache_fraction']:.1%} of STREAM, below the 75% goal before any DRAM")
-
-# %% [markdown]
-# A kernel on the arithmetic roof gets faster only with fewer instructions per weight, not with better
-# prefetching. That is the trade the `int4-q8` and `int8-dyn` rows make: integer dot products multiply
-# four bytes per lane in one instruction, at the price of rounding the activations (their printed error
-# above). The recorded run of `benchmarks/gemv_roof.py` stores both roofs for each kernel, and the ledger
-# prints the in-cache rate under each GEMV goal.
-
-# %% [markdown]
-# Speed is half of a format's case. The recorded run below scores the same int8 weights with and
-# without int8 activations the way chapter 03 scores re-quantization (`compression.int8_dyn_record`):
-# perplexity on held text against the reference (the dequantized Q4_1 weights), the share of positions
-# whose top token agrees, greedy chat answers. fbgemm rounds a call's activations on one grid (one scale,
-# one zero point) for every row of the call: at batch-1 decode that row is one token ("per token"); the
-# "per window" row puts 256 tokens of a window on one grid, as a prefill call would. The last row gives
-# every block of 32 channels of a token its own scale, as llama.cpp's Q8_0 dot products do (simulated in
-# float). The last line prints the largest max |x| ÷ RMS of any layer's input on a held window, and the
-# position it sits at.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-dynq = int8_dyn_record.load_record()
-print(f"recorded {dynq['date']} on {dynq['machine']}, {dynq['threads']} thread(s), by: {dynq['command']}")
-print(dynq["held_text"])
-print(requant.quality_table([r for r in dynq["rows"] if "w-only" not in r["format"]]))
-top_layer, top = max(dynq["layer_activations"].items(), key=lambda kv: kv[1]["outlier"])
-print(f"largest input max|x| / RMS: {top['outlier']:.0f} ({top_layer}, position {top['at']} of the window)")
+# Those MBUs can only be as high as the products inside the step read their weights. Chapter 03, section 2
+# times each weight format's GEMV (fp32, int8, int4) against this machine's STREAM, in cache and from DRAM,
+# beside llama.cpp on the same weights.
 
 # %% [markdown]
 # ## 2 · "100 input tokens ≈ 1 output token" — on our engine
@@ -739,11 +573,21 @@ for b, s in sums.items():
         f"{s.requests_per_min / 60:>8.1f}{s.goodput_rps:>9.2f}{s.slo_attainment:>6.0%}"
         f"{misses[b][0]:>10}/{misses[b][1]}"
     )
+dec_ratio = c_runs[-1].decode_tokens_per_s / c_runs[0].decode_tokens_per_s
+out_ratio = sums[c_runs[-1].batch].output_tokens_per_s / sums[c_runs[0].batch].output_tokens_per_s
+print(
+    f"batch {cN} / batch 1: output tokens/s (the table's column) {out_ratio:.2f}x; decode steps alone {dec_ratio:.2f}x"
+)
 batch_gain = claim(
-    f"batching shares the weight reads: batch {cN} decodes at least {cN // 2}x the tokens/s of batch 1",
-    c_runs[-1].decode_tokens_per_s / c_runs[0].decode_tokens_per_s,
+    f"batching shares the weight reads: batch {cN} delivers at least {cN // 2}x the output tokens/s of batch 1 "
+    "(the table's column, prefill included)",
+    out_ratio,
     at_least=cN / 2,
-    why_not="the batch's per-sequence FLOPs reached this CPU's low ridge point, or other jobs took the cores",
+    why_not=(
+        f"decode alone gained {dec_ratio:.2f}x: the batch's prefill, run before its first token, is what the output rate pays"
+        if dec_ratio >= cN / 2
+        else f"decode alone gained only {dec_ratio:.2f}x: the batch's per-sequence FLOPs reached this CPU's ridge point"
+    ),
 )
 
 # %%

@@ -59,6 +59,8 @@ if "google.colab" in sys.modules:
 # * what an int8 or int4 weight is (a scale, maybe a zero point, per tensor, channel or group) and what
 #   it costs in bytes and in rounding error;
 # * why decode gets faster by about the ratio of bytes, and why int4 falls short of 8×;
+# * how close each format's GEMV comes to this machine's STREAM, from DRAM and in cache (which roof is
+#   lower: memory or the kernel's own arithmetic), beside llama.cpp on the same weights;
 # * why round-to-nearest is not the best you can do (GPTQ), and why activations are harder to quantize
 #   than weights (outliers, SmoothQuant);
 # * how to measure quality loss: perplexity and greedy agreement with the float model;
@@ -67,8 +69,8 @@ if "google.colab" in sys.modules:
 #   from scratch at the same size.
 #
 # **Models in this chapter.** Sections 3 and 4 run **SmolLM2-135M-Instruct** (`Engine("smollm2-135m-instruct")`,
-# card: `data/models/smollm2-135m-instruct.md`), a real chat model whose 538 MB of fp32 weights are many
-# times the CPU's last-level cache, so a decode step really streams them from memory, and whose answers
+# card: `data/models/smollm2-135m-instruct.md`), a real chat model whose 538 MB of fp32 weights are larger
+# than most CPUs' last-level cache (section 3 prints the ratio on this one), and whose answers
 # can be read; it reaches the course as llama.cpp Q4_1, so its "fp32" is the dequantized Q4_1 (section 4
 # says what that means for quality). Section 2 times one random matrix, to see a kernel alone. The
 # outlier study (SmoothQuant), pruning and its recovery fine-tune, and distillation use the tiny course
@@ -92,7 +94,10 @@ from course_lib.compression import (
     bits_curve,
     decode_formats,
     evaluate,
+    gemv_roof,
     gptq,
+    int8_dyn_record,
+    peer_roof,
     prune,
     requant,
     requant_record,
@@ -126,9 +131,12 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 if not CUDA:
     torch.set_num_threads(hardware.timing_threads())
-peaks = microbench.machine_peaks()
+from course_lib.machine import profile as machine_profile
+
+prof = machine_profile()  # this machine's profile: measured once (chapter 00), loaded by every chapter
+print(prof.line())
+peaks = prof.peaks()  # its peaks at this thread count: the same roof in every chapter
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
-print(peaks.provenance)
 
 # %% [markdown]
 # ## 1 · What a quantized weight is
@@ -334,7 +342,215 @@ int4_over_int8 = verdicts.int4_follows_bytes_over_int8(
 # GPU, gpt-fast's int8 and int4 decode of Llama-2-7B is about 1.5× and 1.9× faster than fp16 end to end,
 # not 2× and 4× (the next cell prints the published figures): the kernels and the rest of the step take
 # their share there too.
+
+# %% [markdown]
+# ### The products at the roof: one GEMV per weight format, and the peer
 #
+# A batch-1 decode step is a chain of GEMVs: one row times every weight. Its MBU can only be as high as
+# those products read their weights, so the course's performance ledger (`benchmarks/ledger.py`) sets a goal for them alone: the
+# decode-shaped products (1-4 rows) of the fp32, int8 and int4 layers read their weight at ≥ 75% of
+# STREAM, on a matrix far bigger than the cache. The cell times one square weight in each format, on
+# every kernel the engine can use for it: fp32 through `F.linear` (MKL), oneDNN's packed kernel, and the
+# course's own GEMV (`kernels.cpu_gemv`: a C file built on first use with the machine's compiler,
+# `-march=native`, each weight streamed once over all threads with the activations in fp32); int8 per
+# channel and int4 asymmetric in groups of 32 (llama.cpp's Q4_1 layout) on the course's GEMV (what the
+# engine picks where it is built) and on torch's packed kernels (`aten._weight_int8pack_mm`,
+# `aten._weight_int4pack_mm_for_cpu`: the `bf16` rows, which round the activations to bf16). Each cycles
+# through copies until a pass reads 2× the LLC (4× in full mode), so no format is served from the cache. Each
+# sample is divided by one STREAM triad pass timed just before it, with the same threads and under the same
+# load, and a row's fraction is the median of those paired ratios: a shared machine whose speed drifts during
+# the cell moves both sides of a pair alike. The cell prints this machine's profile roof beside it. (Where no C compiler is found, the course's rows are left out and the
+# engine keeps to torch's kernels.)
+#
+# *Your prediction first:* what fraction of STREAM does the fp32 product reach at one row, and does
+# int4 come closer to the roof or farther? int4 reads 6.4× fewer bytes than fp32, but every nibble must
+# be unpacked and scaled before its multiply.
+
+# %%
+my_fp32_fraction = None  # e.g. 0.8
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+LLC = hardware.detect_device().cache_bytes or 32 * 2**20
+WS = microbench.working_set_bytes()  # 2x the LLC in quick mode, 4x in full, within a quarter of free memory
+g_n = course_lib.pick(2048, 4096)
+if CUDA:
+    roof = []
+    print("these are the CPU kernels; a GPU run skips them (section 2 above times the GPU ones)")
+else:
+    triad = microbench.measure_bandwidth("triad", n_bytes=prof.stream_array_bytes, repeats=course_lib.pick(4, 8))
+    stream_now = triad.rate(triad.bytes, best=True) / 1e9  # same threads, same load as the products
+    paired = gemv_roof.triad_sampler(microbench.default_array_bytes())  # one triad pass before each sample
+    roof = gemv_roof.gemv_roof(
+        g_n,
+        g_n,
+        stream_gbps=stream_now,
+        rows=(1, 4),
+        working_set=WS,
+        repeats=course_lib.pick(3, 5),
+        stream_sample=paired,
+    )
+    print(
+        f"{g_n} x {g_n} weight; each format cycles through >= {WS / 2**20:.0f} MiB = {WS / LLC:.1f}x the LLC; "
+        f"{torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}"
+    )
+    print(prof.drift("STREAM triad now, same threads and load as the products", stream_now, peaks.triad_gbs, " GB/s"))
+    print(gemv_roof.table(roof))
+    errs = gemv_roof.bf16_activation_error()
+    print("max error / max |y| against fp32 activations on the same weights: ", end="")
+    print(", ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    gemv_verdicts = gemv_roof.roof_verdicts(roof)
+    best = gemv_roof.best_by_format(roof)
+    compare_prediction("fp32 GEMV at 1 row, fraction of STREAM", my_fp32_fraction, measured=best["fp32"].fraction)
+    print(f"closest to the roof: {max(best, key=lambda f: best[f].fraction)}")
+
+# %% [markdown]
+# The same roof for the whole engine, from a recorded run (quick mode cannot afford llama.cpp's load and
+# three formats of SmolLM2): the course engine beside llama.cpp on the same SmolLM2 weights at batch 1,
+# decode tokens/s turned into bytes/s (tokens/s × the bytes one step reads in that format: Q8_0 stores
+# 34 bytes per 32 weights, Q4_1 20), against this machine's bandwidth, with the ledger's goals for the
+# engine ÷ llama.cpp ratio.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from transformers import AutoConfig
+
+from course_lib.models import accounting, gguf
+
+if not gguf.is_cached("smollm2-135m-instruct"):
+    gguf.convert("smollm2-135m-instruct")  # once (~20 s): make install does it
+smol_cfg = AutoConfig.from_pretrained(gguf.model_cache_dir("smollm2-135m-instruct"))
+cshape = accounting.ModelShape.from_config(smol_cfg, name="smollm2-135m-instruct")
+BW = peaks.bandwidth
+peer = peer_roof.recorded_llamacpp()
+m = peer["meta"]
+print(f"recorded {m['date']} on {m['machine']}")
+print(f"  {m['threads']} threads, load average {m['load_average_before']:.1f} before, by: {m['command']}")
+peer_rows = peer_roof.achieved_bandwidth(peer, cshape, BW / 1e9)
+peer_stream = peer_rows[0]["stream_gbps"]
+if "stream_gbps" in m:
+    print(f"  fractions of that run's own STREAM triad: {peer_stream:.1f} GB/s at {m['threads']} threads")
+else:
+    print(f"  fractions of this machine's STREAM ({peer_stream:.1f} GB/s): the record stores no roof of its own")
+print(peer_roof.peer_table(peer_rows))
+peer_verdicts = peer_roof.peer_verdicts(peer_rows)
+bars_now = [(f"GEMV {r.format} ({r.rows} row)", r.gbps) for r in roof if r.rows == 1]
+bars_rec = [
+    (f"{who} {r['format']}", r[key])
+    for r in peer_rows
+    for who, key in (("engine", "engine_gbps"), ("llama.cpp", "llama_gbps"))
+]
+fig, (ax_now, ax_rec) = plt.subplots(1, 2, figsize=(12, 0.35 * len(bars_rec) + 1.2))
+gemv_roof.bandwidth_bars(bars_now, BW / 1e9, ax=ax_now)
+ax_now.set_title("this run, against this machine's roof (its profile's)", fontsize=10)
+gemv_roof.bandwidth_bars(bars_rec, peer_stream, ax=ax_rec)
+ax_rec.set_title(f"the recorded run ({m['date']}), against its roof", fontsize=10)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# *Explain.* A product at the roof would make the engine's decode a pure byte stream; the verdicts above
+# say how far each kernel is from that on this machine, and the recorded rows say the same of the whole
+# engine against a peer on identical weights. Read the two together: an engine streams no faster than
+# its large products, so a format whose GEMV misses the goal caps that format's decode too, and
+# llama.cpp's bars show what hand-written kernels reach on the same memory bus. Each side is read against
+# the roof of the machine it ran on (the recorded run stores its own STREAM). A fraction above 100% means
+# some of the bytes came from the cache, not from DRAM: set a format's weight bytes (SmolLM2's 538 MB in
+# fp32, a quarter of that in int8, less in int4) beside the LLC in the recorded machine's line. torch's int8 and int4
+# kernels take bf16 activations to be fast (given fp32 activations they leave their vectorized path); the
+# course's kernels keep them in fp32 and widen each weight to fp32 in registers instead, which costs
+# instructions: on a CPU without wide integer dot products (AVX2) the int8 and int4 products can run out
+# of arithmetic before they run out of bandwidth, so compare their GB/s with the fp32 row's. (Where the CPU
+# has AVX-512 VNNI, the course's int4 kernel keeps fp32's accuracy in integers instead: each block of 32
+# activations becomes 24-bit block floating point, three signed bytes per input, and 128 weights take six
+# integer dot-product instructions where widening takes 24; the next section measures what that leaves.) The printed
+# error is what each way costs against the fp32 reference, to set beside the weights' own int8/int4
+# rounding (the course's int4 keeps its scales in fp16, as Q4_1 does).
+# The `int8-dyn` row goes one step further, as llama.cpp's own Q8_0 and Q4_1 kernels do (they round
+# each activation block to 8 bits before integer dot products): fbgemm's dynamic int8 linear
+# (`WeightOnlyLinear(..., path="dynamic")`, opt-in) multiplies integers on the same int8 bytes; compare
+# its GB/s and its printed error with the `int8` row's. (Without VNNI it rounds to 7 bits: its 16-bit
+# pair sums would saturate at 8, `compression.linear.dynamic_reduce_range`.) The `int4-q8` row makes the
+# same trade on the course's own int4 kernel (`cpu_gemv.gemv_int4_q8`, opt-in `path="gemv-q8"`):
+# activations rounded to int8 per block of 32, as llama.cpp's Q8 blocks, then four nibbles times four
+# bytes per lane of one AVX-512 VNNI instruction, 64 products where the fp32 path widens and multiplies
+# 16 (without VNNI, AVX2's `vpmaddubsw` does 32 bytes at a time, as llama.cpp's AVX2 path). Its row against the `int4` row is what
+# the rounding buys here; its printed error is what it costs.
+# On a shared machine this run's GB/s fall with the load (printed beside them); the recorded rows
+# carry their own load average.
+
+# %% [markdown]
+# ### Which roof is lower: memory, or the kernel's own arithmetic?
+#
+# A GEMV below the goal may wait on memory (too few loads in flight) or on its own instructions: the
+# int8 and int4 kernels do work per weight before they multiply (the AVX-512 int4 kernel without VNNI
+# spends a shift, a mask-and-or and a multiply-add per 16 weights; with VNNI, six integer dot products and
+# four shifts and adds per 128; the fp32 kernel only a multiply-add per 16). The two are told
+# apart by taking memory away: the same kernels on one weight small enough to stay in the caches, read
+# again and again (`gemv_roof.cache_roof`, its best sample: a roof). A kernel slower than STREAM there cannot reach STREAM from
+# DRAM whatever it prefetches: on this CPU its arithmetic is the lower roof, and the table says how close
+# the DRAM run came to that one. The in-cache rate also carries each call's fixed work (the Python call,
+# preparing the activations), which weighs more the smaller the weight: 1,024 rows here, as the recorded run.
+#
+# *Predict:* which of the course's kernels are bound by their arithmetic here?
+
+# %%
+my_arithmetic_bound = None  # e.g. ["int4"]
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if CUDA:
+    print("these are the CPU kernels; a GPU run skips them")
+else:
+    c_out = 1024
+    cache_rows = gemv_roof.cache_roof(
+        g_n,
+        stream_gbps=stream_now,
+        out_features=c_out,
+        calls=course_lib.pick(10, 20),
+        repeats=course_lib.pick(3, 5),
+        stream_sample=paired,
+    )
+    del paired  # its three arrays go back before the next section
+    print(f"in cache: one {c_out} x {g_n} weight, read again and again, {torch.get_num_threads()} threads")
+    print(gemv_roof.table(cache_rows))
+    bounds = gemv_roof.bound_verdicts(roof, cache_rows)
+    print(gemv_roof.bound_table(bounds))
+    arithmetic_bound = [b["format"] for b in bounds if b["lower_roof"] == "arithmetic"]
+    print(f"your prediction: {my_arithmetic_bound}")
+    print("bound by their arithmetic on this machine:", ", ".join(arithmetic_bound) or "none (memory is lower)")
+    for b in bounds:
+        if not b["reachable"]:
+            print(f"  {b['format']}: in cache {b['cache_fraction']:.1%} of STREAM, below the 75% goal before any DRAM")
+
+# %% [markdown]
+# A kernel on the arithmetic roof gets faster only with fewer instructions per weight, not with better
+# prefetching. That is the trade the `int4-q8` and `int8-dyn` rows make: integer dot products multiply
+# four bytes per lane in one instruction, at the price of rounding the activations (their printed error
+# above). The recorded run of `benchmarks/gemv_roof.py` stores both roofs for each kernel, and the ledger
+# prints the in-cache rate under each GEMV goal.
+
+# %% [markdown]
+# Speed is half of a format's case. The recorded run below scores the same int8 weights with and
+# without int8 activations the way section 4 scores re-quantization (`compression.int8_dyn_record`):
+# perplexity on held text against the reference (the dequantized Q4_1 weights), the share of positions
+# whose top token agrees, greedy chat answers. fbgemm rounds a call's activations on one grid (one scale,
+# one zero point) for every row of the call: at batch-1 decode that row is one token ("per token"); the
+# "per window" row puts 256 tokens of a window on one grid, as a prefill call would. The last row gives
+# every block of 32 channels of a token its own scale, as llama.cpp's Q8_0 dot products do (simulated in
+# float). The last line prints the largest max |x| ÷ RMS of any layer's input on a held window, and the
+# position it sits at.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+dynq = int8_dyn_record.load_record()
+print(f"recorded {dynq['date']} on {dynq['machine']}, {dynq['threads']} thread(s), by: {dynq['command']}")
+print(dynq["held_text"])
+print(requant.quality_table([r for r in dynq["rows"] if "w-only" not in r["format"]]))
+top_layer, top = max(dynq["layer_activations"].items(), key=lambda kv: kv[1]["outlier"])
+print(f"largest input max|x| / RMS: {top['outlier']:.0f} ({top_layer}, position {top['at']} of the window)")
+
+# %% [markdown]
 # ## 3 · The whole chat model on quantized weights
 #
 # A decode step runs every linear layer, plus norms, attention and sampling, which quantization does not

@@ -110,7 +110,7 @@ from course_lib.engine.speculative import (
     expected_tokens,
     jacobi,
 )
-from course_lib.measure import hardware, microbench, references
+from course_lib.measure import hardware, references
 from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
 
@@ -121,11 +121,14 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 if not CUDA:
     torch.set_num_threads(hardware.timing_threads())
-peaks = microbench.machine_peaks()
+from course_lib.machine import profile as machine_profile
+
+prof = machine_profile()  # this machine's profile: measured once (chapter 00), loaded by every chapter
+print(prof.line())
+peaks = prof.peaks()  # its peaks at this thread count: the same roof in every chapter
 NEW = pick(48, 128)  # new tokens per timed generation
 REPEATS = pick(3, 5)  # timed runs; the best (least disturbed) counts
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}; {NEW} new tokens, best of {REPEATS}")
-print(peaks.provenance)
 # a contiguous KV cache grows to the rows a call uses and keeps them: 32 rows of 512 tokens, not 64 of 1,024
 # (tiny-target's 200 MB at 64 rows), so the chapter fits Binder's 1.5 GB beside SmolLM2 later
 TINY_KV = SchedulerConfig(max_model_len=512, max_num_seqs=32)

@@ -126,7 +126,7 @@ from course_lib.kv import (
     recompute,
     uptraining,
 )
-from course_lib.measure import hardware, microbench, references
+from course_lib.measure import hardware, references
 from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.report import record
 from course_lib.models.accounting import ModelShape, kv_bytes_per_token, weight_bytes
@@ -137,9 +137,12 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 if not CUDA:
     torch.set_num_threads(hardware.timing_threads())
-peaks = microbench.machine_peaks()
+from course_lib.machine import profile as machine_profile
+
+prof = machine_profile()  # this machine's profile: measured once (chapter 00), loaded by every chapter
+print(prof.line())
+peaks = prof.peaks()  # its peaks at this thread count: the same roof in every chapter
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
-print(peaks.provenance)
 print("Triton:", "interpreter (CPU: correct but slow, never timed)" if interpreter_on() else "compiled")
 ch = "05_attention_kv_cache"
 
@@ -213,7 +216,7 @@ smol_rows = recompute.step_rows(
     smol, lengths=pick((32, 256, 512), (32, 256, 1024, 2048, 8192)), recompute_max=pick(256, 2048), repeats=pick(2, 5)
 )
 print(recompute.format_step_rows(smol_rows, "SmolLM2-135M-Instruct fp32"))
-print(peaks.provenance)
+print(prof.line())
 at256 = next(r for r in smol_rows if r.length == 256)
 compare_prediction(
     "no-cache ÷ cached step at L = 256", my_smol_step_ratio, theory=at256.predicted_speedup, measured=at256.speedup

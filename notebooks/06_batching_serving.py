@@ -91,7 +91,7 @@ import course_lib
 from course_lib.core import memory
 from course_lib.core.mode import pick
 from course_lib.engine import Engine, SamplingParams, SchedulerConfig
-from course_lib.measure import hardware, microbench, references
+from course_lib.measure import hardware, references
 from course_lib.measure.claims import claim, compare_prediction, relative_spread
 from course_lib.measure.metrics import SLO
 from course_lib.measure.report import record
@@ -104,9 +104,12 @@ torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
 if not CUDA:
     torch.set_num_threads(1)  # one engine thread: steady timings on a shared CPU, and what a server's loop uses
-peaks = microbench.machine_peaks()
+from course_lib.machine import profile as machine_profile
+
+prof = machine_profile()  # this machine's profile: measured once (chapter 00), loaded by every chapter
+print(prof.line())
+peaks = prof.peaks()  # its peaks at this thread count: the same roof in every chapter
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
-print(peaks.provenance)
 engine = Engine("tiny-target", device="cuda" if CUDA else "cpu")
 pool = prompt_pool(engine.tokenizer, 4096)
 SLO_ = SLO(ttft_s=1.0, tpot_s=0.05)

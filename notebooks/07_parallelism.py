@@ -98,7 +98,7 @@ import course_lib
 from course_lib.core import memory
 from course_lib.core.mode import pick
 from course_lib.engine import Engine, SamplingParams
-from course_lib.measure import hardware, microbench, references
+from course_lib.measure import hardware, references
 from course_lib.measure.claims import claim, compare_prediction
 from course_lib.measure.hardware.datasheet import gpu_spec
 from course_lib.measure.report import record
@@ -125,10 +125,13 @@ from course_lib.parallel import (
 memory.freeze_imports()  # torch's and transformers' objects leave every later garbage collection (core.memory)
 torch.manual_seed(0)
 CUDA = torch.cuda.is_available()
-peaks = microbench.machine_peaks()
+from course_lib.machine import profile as machine_profile
+
+prof = machine_profile()  # this machine's profile: measured once (chapter 00), loaded by every chapter
+print(prof.line())
+peaks = prof.peaks()  # its peaks at this thread count: the same roof in every chapter
 cores = hardware.physical_cores()
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
-print(peaks.provenance)
 print(f"{cores} physical cores: 2 workers get {max(cores // 2, 1)} each")
 ch = "07_parallelism"
 

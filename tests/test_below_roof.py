@@ -34,3 +34,8 @@ def test_work_around_fast_matmuls():
 def test_bad_input_is_named(kw):
     with pytest.raises(ValueError):
         why_below_roof(**kw)
+
+
+def test_a_small_dispatch_share_is_not_called_the_cause():
+    text = why_below_roof(0.02, 270e6, 33e9, n_ops=253, per_op_s=2.67e-6)
+    assert "dispatch explains only 3%" in text and "largest measured part" not in text

@@ -61,6 +61,17 @@ def test_compare_finds_a_flip_and_verdicts_present_in_one_run(tmp_path, capsys):
     assert "1 agree, 1 flip, 1 only in" in out and "held at 0.6, " in out and "missed at 0.39" in out
 
 
+def test_a_verdict_moved_to_another_chapter_is_still_compared(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    _notebook(a / "02_x.ipynb", [_line(capsys, "the int4 GEMV reads at 75% of STREAM", 0.8, at_least=0.75)])
+    _notebook(b / "02_x.ipynb", ["nothing here\n"])
+    _notebook(b / "03_y.ipynb", [_line(capsys, "the int4 GEMV reads at 75% of STREAM", 0.4, at_least=0.75)])
+    c = V.compare(V.collect(a), V.collect(b))
+    assert c["moved"] == 1 and not c["only_a"] and not c["only_b"] and len(c["flips"]) == 1
+    assert "02_x.ipynb→03_y.ipynb" in V.format_compare(V.collect(a), V.collect(b))
+
+
 def test_collect_rejects_what_is_not_a_run(tmp_path):
     with pytest.raises(ValueError, match="run must be"):
         V.collect(tmp_path / "missing")

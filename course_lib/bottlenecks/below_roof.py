@@ -62,9 +62,15 @@ def why_below_roof(
         )
         causes.append((floor / step_s, "dispatching torch ops (overhead)"))
     share, cause = max(causes) if causes else (0.0, "")
-    verdict = (
-        f"the largest measured part: {cause} ({share:.0%} of the step)" if cause else "no measured part explains it"
-    )
+    if share >= 0.5:
+        verdict = f"the largest measured part: {cause} ({share:.0%} of the step)"
+    elif matmul_s is None:
+        verdict = (
+            f"dispatch explains only {share:.0%}: the rest is the kernels and their memory traffic, "
+            "which this step's matmuls were not timed alone to split"
+        )
+    else:
+        verdict = f"no single measured part dominates; the largest is {cause} ({share:.0%} of the step)"
     return "; ".join(parts) + f"; {verdict}"
 
 

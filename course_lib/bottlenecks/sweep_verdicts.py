@@ -53,10 +53,17 @@ def level_off_verdict(
 
 
 def batch_cost_verdict(
-    batch: int, measured_ratio: float, predicted_ratio: float, *, tolerance: float = 0.25, spread=None
+    batch: int,
+    measured_ratio: float,
+    predicted_ratio: float,
+    *,
+    tolerance: float = 0.25,
+    spread=None,
+    why_not: str = "",
 ) -> Verdict:
     """``measured_ratio`` = step(batch) ÷ step(1); ``predicted_ratio`` = the roofline floors' same ratio.
-    Holds when measured ≤ predicted × (1 + ``tolerance``); ``spread`` as in ``claim``."""
+    Holds when measured ≤ predicted × (1 + ``tolerance``); ``spread`` as in ``claim``; ``why_not``: a reason
+    computed from the run (none is printed without one)."""
     if not predicted_ratio > 0 or not tolerance >= 0:
         raise ValueError(f"predicted_ratio must be > 0 and tolerance >= 0, got {predicted_ratio!r}, {tolerance!r}")
     return claim(
@@ -65,7 +72,5 @@ def batch_cost_verdict(
         measured_ratio,
         at_most=predicted_ratio * (1 + tolerance),
         spread=spread,
-        why_not="the roofline counts weight bytes and matmul FLOPs; each extra row also pays for work it does "
-        "not count (attention over its own KV cache, norms, rotary embeddings, sampling, the cache "
-        "bookkeeping) and the matmul library picks another kernel per row count",
+        why_not=why_not,
     )

@@ -136,17 +136,28 @@ def _keyed(verdicts: list[dict]) -> dict:
 
 
 def compare(a: dict, b: dict) -> dict:
-    """{"flips": [(key, va, vb)], "only_a": [v], "only_b": [v], "same": n}: a flip is a verdict whose
-    status (held / missed / inside the noise) differs between the runs."""
+    """{"flips": [(key, va, vb)], "only_a": [v], "only_b": [v], "same": n, "moved": n}: a flip is a verdict
+    whose status (held / missed / inside the noise) differs between the runs. A verdict that moved to another
+    notebook (a section moved between chapters) is matched by its statement alone and counted in "moved"."""
     ka, kb = _keyed(a["verdicts"]), _keyed(b["verdicts"])
-    flips = [(k, ka[k], kb[k]) for k in ka if k in kb and ka[k]["status"] != kb[k]["status"]]
-    same = sum(1 for k in ka if k in kb and ka[k]["status"] == kb[k]["status"])
-    return {
-        "flips": flips,
-        "only_a": [v for k, v in ka.items() if k not in kb],
-        "only_b": [v for k, v in kb.items() if k not in ka],
-        "same": same,
-    }
+    pairs = [(k, ka[k], kb[k]) for k in ka if k in kb]
+    rest_a = [v for k, v in ka.items() if k not in kb]
+    rest_b = [v for k, v in kb.items() if k not in ka]
+    by_statement: dict[str, list[dict]] = {}
+    for v in rest_b:
+        by_statement.setdefault(_key(v)[1], []).append(v)
+    only_a, moved = [], 0
+    for v in rest_a:
+        twins = by_statement.get(_key(v)[1])
+        if twins:
+            w = twins.pop(0)
+            rest_b.remove(w)
+            pairs.append(((v["notebook"], _key(v)[1], 0), v, w))
+            moved += 1
+        else:
+            only_a.append(v)
+    flips = [(k, va, vb) for k, va, vb in pairs if va["status"] != vb["status"]]
+    return {"flips": flips, "only_a": only_a, "only_b": rest_b, "same": len(pairs) - len(flips), "moved": moved}
 
 
 def tally(data: dict) -> dict[str, Counter]:
@@ -178,11 +189,12 @@ def format_compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> str
         f"{names[0]}: {len(a['verdicts'])} verdicts (profiles {', '.join(pa) or 'not printed'}); "
         f"{names[1]}: {len(b['verdicts'])} verdicts (profiles {', '.join(pb) or 'not printed'})",
         f"{c['same']} agree, {len(c['flips'])} flip, {len(c['only_a'])} only in {names[0]}, "
-        f"{len(c['only_b'])} only in {names[1]}",
+        f"{len(c['only_b'])} only in {names[1]} ({c['moved']} matched across notebooks: a section moved)",
     ]
     if c["flips"]:
         lines.append("\nflips:")
-        for (book, _, _), va, vb in c["flips"]:
+        for _, va, vb in c["flips"]:
+            book = va["notebook"] if va["notebook"] == vb["notebook"] else f"{va['notebook']}→{vb['notebook']}"
             bounds = " and ".join(
                 f"{op} {vb[k]:.4g}" for op, k in ((">=", "at_least"), ("<=", "at_most")) if vb.get(k) is not None
             )
