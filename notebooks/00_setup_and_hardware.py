@@ -302,10 +302,14 @@ for cost in (costs.copy_cost(1), costs.triad_cost(1)):
         f"{cost.name:<6} per fp32 element: {cost.bytes:g} bytes, {cost.flops:g} FLOPs, "
         f"intensity {cost.intensity:.3f} FLOP/byte"
     )
-n_bytes = microbench.default_array_bytes()
+from course_lib.measure import profile as machine_profile_rules
+
+n_bytes = machine_profile_rules.stream_array_bytes(device.cache_bytes, machine_profile_rules.available_bytes())
 llc = device.cache_bytes
 if llc:
-    print(f"array size: {n_bytes / 2**20:.0f} MiB each; a triad's three arrays =", hardware.cache_regime(3 * n_bytes))
+    print(
+        f"array size: {n_bytes / 2**20:.0f} MiB each;", machine_profile_rules.regime(3 * n_bytes, llc, "three arrays")
+    )
 else:
     print(
         f"array size: {n_bytes / 2**20:.0f} MiB each (last-level cache size unknown here: large enough for most CPUs)"
@@ -471,9 +475,10 @@ half_faster = half_precision.half_precision_verdict(peaks.matmul_tflops[half] / 
 #   torch converts each value and runs a fallback that can be many times *slower*. On a GPU, tensor cores
 #   make bf16/fp16 many times faster than fp32. Halving the bytes is what helps a *bandwidth*-bound
 #   operation: decode, in chapters 01 and 03.
-# * *Bandwidth.* On a CPU, triad tends to report somewhat more GB/s than copy: both hide an uncounted
-#   write-allocate read, a larger share of copy's traffic (1 extra per 2 counted) than of triad's (1 per 3).
-#   A ratio far from that on a shared machine is noise from other jobs — rerun the cell.
+# * *Bandwidth.* On a CPU you may see triad report somewhat more GB/s than copy (the printed ratio says
+#   whether it did here): both hide an uncounted write-allocate read, a larger share of copy's traffic
+#   (1 extra per 2 counted) than of triad's (1 per 3); non-temporal stores, which skip that read, erase the
+#   difference. A ratio far from 1 on a shared machine is noise from other jobs — rerun the cell.
 # * *Scale.* The datasheet roofs sit orders of magnitude above a CPU; the ridge points differ far less.
 #   Every chip needs many FLOPs per byte to be compute-bound.
 

@@ -223,7 +223,8 @@ gemm_on_roof = claim(
     f"the m={ms[-1]} GEMM reaches the flat roof (half the measured matmul peak or more)",
     gemm.gflops * 1e9 / roof.peak_flops,
     at_least=0.5,
-    why_not="in quick mode the largest m is small; the library may also pick a slower algorithm for this shape",
+    why_not=f"at m={ms[-1]} it ran at {gemm.gflops:.0f} GFLOP/s; the peak was set by a "
+    f"{prof.matmul_n.get(DT, 0)}-cubed matmul at {roof.peak_flops / 1e9:.0f}",
 )
 
 # %% [markdown]
@@ -392,8 +393,9 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# *Explain.* Left of the crossover the line is flat: the op costs the same whether it adds one number
-# or a thousand, because the time is the dispatcher's, not the memory's or the ALUs'. Right of it the
+# *Explain.* Left of the crossover the line is about flat: the op costs about the same, a microsecond or
+# two, whether it adds one number or a thousand, because the time is the dispatcher's, not the memory's or
+# the ALUs'. Right of it the
 # time follows bytes over bandwidth; between the two, ops that fit in the CPU's caches can run *faster*
 # than the DRAM line. Now the sweep above, predicted from ops alone: each chunk runs k multiply-add
 # pairs on a cache-resident buffer, so time ≈ chunks × k × (one pair on one chunk) + one read and one
@@ -420,7 +422,8 @@ if DEV == "cpu":
         "the op-count model predicts the sweep within 2x",
         worst,
         at_most=2,
-        why_not="other jobs on this machine, or a CPU whose caches behave differently",
+        why_not=f"the worst chunk size, k = {max(sweep, key=lambda kt: max(kt[1].median_s / op_model[kt[0]], op_model[kt[0]] / kt[1].median_s))[0]}, "
+        f"ran {worst:.2f}x off the model, which counts one op pair's {pair.median_s * 1e6:.2f} µs and the DRAM time only",
     )
 else:  # the GPU sweep ran the fused Triton kernel: one launch, no chain of torch ops to count
     print("on a GPU the sweep timed the fused Triton kernel (one launch per call): the roofline above, not an op")

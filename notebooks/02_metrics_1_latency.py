@@ -20,9 +20,9 @@
 # rest stream (**TPOT**, time per output token); an operator pays for tokens per second
 # (**throughput**) and for requests that met their promise (**goodput**); an engineer asks how close
 # the hardware runs to its ceilings (**MFU** for compute, **MBU** for bandwidth). Chip Huyen
-# (*AI Engineering*, ch. 9) defines them all. Chapter 02 measures each one on the course's own engine,
-# always the same way: state the claim, predict, measure, plot, and explain the gap. This part is the user's side — latency; part 2
-# (`02_metrics_2_throughput_utilization.ipynb`) is the operator's and the engineer's side.
+# (*AI Engineering*, ch. 9) defines them all. Chapter 02 measures each on the course's own engine:
+# claim, predict, measure, plot, explain the gap. This part is the user's side, latency; part 2
+# (`02_metrics_2_throughput_utilization.ipynb`) is the operator's and the engineer's.
 
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-course/course/blob/main/notebooks/02_metrics_1_latency.ipynb)
@@ -58,26 +58,23 @@ if "google.colab" in sys.modules:
 #
 # * to read TTFT, TPOT and end-to-end latency off per-token timestamps, and how TTFT grows with the
 #   prompt (prefill, compute-bound: predicted from its FLOPs) while TPOT grows slowly with the batch
-#   (decode, bandwidth-bound: predicted from its bytes), on a real chat model;
+#   (decode, bandwidth-bound: predicted from its bytes);
 # * TPOT against inter-token latency, on a chat answer streamed token by token;
-# * the floor a small model's TPOT sits on: the per-op overhead of chapter 01, counted in one engine step;
-# * why latency is reported as percentiles (p50, p90, p95, p99) and not as a mean, and how many requests
-#   a p99 needs;
-# * the reading-speed budget, the trade-off between TTFT and TPOT when a new prompt joins a running
-#   batch, and *time to publish* for agents whose first steps the user never sees;
-# * why the same text costs a different number of tokens, and so a different price, under different
-#   tokenizers.
+# * the floor a small model's TPOT sits on: chapter 01's per-op overhead, counted in one engine step;
+# * why latency is reported as percentiles (p50, p90, p95, p99), not a mean, and how many requests a
+#   p99 needs;
+# * the reading-speed budget, the TTFT/TPOT trade-off when a new prompt joins a running batch, and
+#   *time to publish* for agents;
+# * why the same text costs a different number of tokens, and price, under different tokenizers.
 #
-# **Models in this chapter.** Where the regime decides the lesson, the course's real chat model,
+# **Models in this chapter.** Where the regime decides the lesson, the real chat model
 # **SmolLM2-135M-Instruct** (`data/models/smollm2-135m-instruct.md`: 135M parameters, 538 MB of fp32
-# weights, many times a CPU's last-level cache): TTFT vs prompt length (section 1: its prefill is
-# compute-bound, so the FLOPs predict it) and TPOT and inter-token latency on a real chat answer
-# (section 1b: its decode streams the weights from DRAM). Everywhere else the 5M-parameter
-# **tiny-target**, whose 20 MB of weights fit most CPUs' last-level cache: on the reference step its decode
-# is *overhead-bound* (section 2 contrasts the two), and it keeps the sections that serve hundreds of requests (percentiles, the
-# TTFT/TPOT trade, time to publish) within a CI budget. In quick mode the prompts of 1,024 tokens and
-# more are a recorded run of SmolLM2 (section 1 prints its machine and the command that made it), and
-# so are section 2b's compiled decode steps and SmolLM2's levers (compiling takes minutes on two cores).
+# weights, many times a CPU's last-level cache): TTFT vs prompt length (section 1) and TPOT and
+# inter-token latency of a chat answer (section 1b). Everywhere else the 5M-parameter **tiny-target**
+# (20 MB of weights): its reference decode step should be *overhead-bound* (section 2 tests it), and it
+# keeps the sections that serve hundreds of requests within a CI budget. In quick mode the prompts of
+# 1,024 tokens and more, section 2b's compiled steps and SmolLM2's levers come from recorded runs
+# (compiling takes minutes on two cores).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -120,10 +117,9 @@ if not CUDA:
 # ## 0 · The engine, the model, and one request's timestamps
 #
 # `Engine("tiny-target")` runs the course's embedded Llama-style model (trained on the Python standard
-# library) through our own forward pass and KV cache. This chapter runs it on the reference step,
-# `decode="eager"`, because its lessons are about what a step costs in dispatched ops; section 2b's levers
-# then remove that cost, and the default `decode="auto"` takes the fastest of them (the profile's line names
-# it). Its size fixes every prediction below:
+# library) through our own forward pass and KV cache, here on the reference step, `decode="eager"`: the
+# lessons are about what a step costs in dispatched ops (section 2b's levers remove that cost; the default
+# `decode="auto"` takes the fastest). Its size fixes every prediction below:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -160,9 +156,9 @@ print(
 )
 
 # %% [markdown]
-# The predictions need this machine's two ceilings (chapter 00 explains the measurement). One more
-# number matters for a model this small: its weights fit in the CPU's last-level cache, so decode may
-# stream them at *cache* bandwidth, not DRAM bandwidth. We measure both.
+# The predictions need this machine's two ceilings (chapter 00). For a model this small a third number
+# matters: where its weights fit in the last-level cache (the regime line says), decode may stream them
+# at *cache* bandwidth. We measure both.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -198,17 +194,15 @@ print(f"{len(pool)} prompt tokens; the first 12 decode to {engine.tokenizer.deco
 # %% [markdown]
 # ## 1 · TTFT vs input length, on the real chat model
 #
-# *Claim* (Huyen, *AI Engineering*, ch. 9). TTFT is the time to the first token; it depends on the
-# prefill, so on the input length — worth plotting. Prefill pushes all prompt tokens through the model
-# at once: a matrix-matrix product that reuses every weight once per token, compute-bound (chapter 01),
-# so its time should follow its FLOPs: 2 × parameters per token, plus a causal attention term that grows
-# with the square of the length.
+# *Claim* (Huyen, *AI Engineering*, ch. 9). TTFT depends on the prefill, so on the input length — worth
+# plotting. Prefill pushes all prompt tokens through the model at once, reusing every weight once per
+# token: compute-bound (chapter 01), so its time should follow its FLOPs: 2 × parameters per token,
+# plus a causal attention term that grows with the square of the length.
 #
-# This is a lesson for a model whose weights do not fit in the cache and whose matmuls are wide enough
-# to keep the vector units busy: SmolLM2-135M-Instruct. Its engine gets a KV cache just big enough for
-# one sequence of the longest prompt (46 KB per token in fp32), not the default 64 × 8,192 slots, and on
-# a CPU it multiplies with oneDNN on weights packed once (`linear="packed"`), freeing the plain copy: the
-# default `linear="auto"` (the skinny-product kernel of part 2, section 6) keeps both copies of the
+# This needs a model too big for the cache, with matmuls wide enough to keep the vector units busy:
+# SmolLM2-135M-Instruct. Its engine gets a KV cache sized for one sequence of the longest prompt (46 KB
+# per token in fp32), and on a CPU multiplies with oneDNN on weights packed once (`linear="packed"`),
+# freeing the plain copy: the default `linear="auto"` (part 2, section 6) keeps both copies of the
 # 538 MB, too much for a 1.5 GB notebook.
 
 # %%
@@ -230,7 +224,7 @@ chat_pool = serving.prompt_pool(chat.tokenizer, max(max(lengths), 1024))
 
 # %% [markdown]
 # *Predict.* The roofline floor of each prefill, `max(FLOPs / peak FLOP/s, bytes / bandwidth)` with
-# this machine's measured peaks; the two terms are printed apart to show which one binds:
+# this machine's measured peaks, the two terms printed apart to show which one binds.
 #
 # *Your prediction first:* the TTFT of a 2,048-token prompt on this machine, in seconds.
 
@@ -250,10 +244,9 @@ for n in sorted({*lengths, 2048}):
 
 # %% [markdown]
 # *Measure* (batch 1, one output token, median of repeats, after a warm-up). The longer prompts cost
-# seconds each on a laptop CPU; in quick mode they come from a recorded run of the same sweep, made by
-# `python -m course_lib.serving.ttft_record` on the machine it names, and each point predicted from the
-# matmul peak that run measured just before it (a prediction is only as good as the peak of the machine
-# it is for, and a shared machine's peak drifts as other jobs come and go):
+# seconds each on a laptop CPU; in quick mode they come from a recorded run of the same sweep
+# (`python -m course_lib.serving.ttft_record`, on the machine it names), each point predicted from the
+# matmul peak that run measured just before it: a shared machine's peak drifts as other jobs come and go.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -268,6 +261,11 @@ for tag, rows in (("this machine", vs), (f"{rec.machine.split(':')[0]} {rec.meas
         print(
             f"{tag[:27]:<27}{r.size:>4}{r.measured_s * 1e3:>9.1f}ms{r.floor_s * 1e3:>9.1f}ms{r.ratio:>15.2f}x"
             f"{r.share_of_roof:>15.0%}  {r.bound}"
+            + (
+                "  <- above its run's peak: a probe error (that peak was measured low)"
+                if r.share_of_roof > 1 + prof.spread(DT)
+                else ""
+            )
         )
 print(f"recorded: {rec.label()}")
 print(
@@ -313,6 +311,10 @@ else:  # quick mode: the recorded run's TTFT, predicted from that run's own peak
     ttft_2k, theory_2k, where_2k = r2k.measured_s, r2k.floor_s, where_rec
 compare_prediction(f"TTFT of a 2,048-token prompt (s), {where_2k}", my_ttft_2k_s, theory=theory_2k, measured=ttft_2k)
 for rows, where in ((here_rows, "on this machine"), (list(vs_rec), where_rec)):
+    bad = [r for r in rows if r.share_of_roof > 1 + prof.spread(DT)]  # above its run's peak: a probe error
+    if bad:
+        print(f"left out {where}: " + ", ".join(f"{r.size} tokens at {r.share_of_roof:.0%} of its peak" for r in bad))
+        rows = [r for r in rows if r not in bad]
     if not rows:
         print(f"no prompt of 256 tokens or more was measured {where}")
         continue
@@ -335,20 +337,18 @@ for rows, where in ((here_rows, "on this machine"), (list(vs_rec), where_rec)):
 
 # %% [markdown]
 # *Explain the gap.* From a few hundred tokens on, the weight matmuls are (tokens × 576) by (576 × 1,536)
-# products, large enough to keep the vector units fed, and the prefill runs at the share of the matmul
-# peak printed above: the FLOPs predict the TTFT, and the bytes (a few hundred MB, read once) are a
-# small fraction of the time (the "bound" column). The shortest prompts fall below the roof: a 16-row
-# product cannot fill the FMA pipelines, and the fixed cost of a forward pass (hundreds of ops, KV
-# writes, sampling) is a visible share of a few milliseconds. At the longest prompts the attention term
-# carries a growing share of the FLOPs (the prediction table), and those FLOPs — many small per-head
-# products — run below the rate of the weight matmuls the peak was measured on; that is what bends a
-# measured curve above its line, if it bends. The verdicts above say how it went on this machine.
+# products, wide enough to keep the vector units fed, so the FLOPs should predict the TTFT (the "bound"
+# column). The shortest prompts fall below the roof: a 16-row product cannot fill the FMA pipelines, and
+# a forward pass's fixed cost (hundreds of ops, KV writes, sampling) is a visible share of a few
+# milliseconds. At the longest prompts attention's small per-head products carry a growing share of the
+# FLOPs, at a lower rate than the weight matmuls the peak was measured on: that bends a measured curve
+# above its line, if it bends. The verdicts say how it went here.
 #
 # ## 1b · TPOT and inter-token latency of a real chat answer
 #
 # *Claim* (Huyen, *AI Engineering*, ch. 9). After the first token, each token costs a decode step:
 # **TPOT** is their mean, the **inter-token latency** (ITL) each gap, and a streaming user sees every
-# gap. A decode step at batch 1 reads every weight for one token: bandwidth-bound, so its floor is the
+# gap. A batch-1 decode step reads every weight for one token: bandwidth-bound, so its floor is the
 # weights (plus the KV cache) over the memory bandwidth.
 #
 # A real request: the model's own chat template around a user's question, answered greedily until the
@@ -363,7 +363,7 @@ print(chat.tokenizer.decode(q_ids))
 
 # %% [markdown]
 # *Predict* the TPOT: the roofline floor of a decode step at this context, plus the dispatch of every op
-# in the step (chapter 01, section 3b; we count the step's ops and time one empty op).
+# in the step (chapter 01, section 3b: we count the step's ops, time one empty op).
 #
 # *Your prediction first:* SmolLM2's TPOT at batch 1 on this machine, in milliseconds.
 
@@ -432,18 +432,16 @@ ax.legend(fontsize=7)
 plt.show()
 
 # %% [markdown]
-# *Explain.* Every gap is one decode step that streams the 538 MB of weights from DRAM: the ITL sits
-# near the bandwidth floor (the verdict says how near), and the KV cache this short chat attends to is
-# a small addition (46 KB per token). The gaps are not all equal: the printed p99 and maximum say how much
-# slower the slowest steps were than the median one. Nothing in a decode step of this engine changes from
-# one token to the next except one more key to attend to, so a slow step is the machine's doing (on a
-# shared machine, other jobs); ITL percentiles are where a dashboard shows it, while the TPOT, a mean,
-# hides it. The TTFT of a chat this short is a few decode steps' worth: the prompt,
-# template included, is a few dozen tokens of compute-bound prefill.
+# *Explain.* Every gap is one decode step streaming the 538 MB of weights from DRAM, so the ITL should
+# sit near the bandwidth floor (the verdict says how near); the short chat's KV cache adds little. The
+# printed p99 and maximum say how much slower the slowest steps were. A decode step changes from one token
+# to the next only by one more key, so a slow step is the machine's doing (other jobs): ITL percentiles
+# show it, the TPOT, a mean, hides it. A prompt of a few dozen tokens should cost a TTFT of a few decode
+# steps' worth.
 #
-# The engine's TTFT starts when the request reaches it, as token ids. A user's TTFT starts earlier: the
-# text is tokenized (with the chat template), the request may wait in a queue behind others (part 2,
-# section 4 measures a queued burst), and the bytes cross a network. The tokenizer's share, measured:
+# The engine's TTFT starts when the token ids reach it. A user's starts earlier: the text is tokenized
+# (with the chat template), may wait in a queue (part 2, section 4), and crosses a network. The
+# tokenizer's share, measured:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -462,8 +460,8 @@ print(
 )
 
 # %% [markdown]
-# The real model's engine is 1 GB of memory; we free it before the sections that serve many requests
-# with the tiny model (Exercise 3 builds it again only if you answer it).
+# SmolLM2's engine holds 1 GB of memory; we free it before the tiny model serves many requests
+# (Exercise 3 builds it again if you answer it).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -475,15 +473,14 @@ print("SmolLM2's engine freed")
 # %% [markdown]
 # ## 2 · TPOT vs batch size
 #
-# *Claim.* A decode step reads every weight and every sequence's KV cache once, for a single token per
+# *Claim.* A decode step reads every weight and every sequence's KV cache once, for one token per
 # sequence: bandwidth-bound. A batch shares the weight reads, so TPOT should grow much more slowly than
-# the batch while the batch is small, and only rise in step with it once the batch's FLOPs catch up
-# (chapter 01's ridge).
+# the batch while it is small, rising in step only once the batch's FLOPs catch up (chapter 01's ridge).
 #
-# *Predict.* The roofline floor per step — with the DRAM bandwidth, and with the cache bandwidth the
-# weights may enjoy here. A model this small has a third floor that no roofline shows: every torch op
-# costs a few microseconds to dispatch however tiny its tensors (chapter 01, section 3b: the
-# overhead-bound regime), and a decode step issues hundreds. We count them and time one empty op.
+# *Predict.* The roofline floor per step, with the DRAM and the cache bandwidth. A model this small has a
+# third floor no roofline shows: every torch op costs microseconds to dispatch however tiny its tensors
+# (chapter 01, section 3b: overhead-bound), and a decode step issues hundreds. We count them and time one
+# empty op.
 #
 # *Your prediction first:* the TPOT at batch 1, in milliseconds, for this 5M-parameter model.
 
@@ -512,8 +509,8 @@ for b in batches:
 
 # %% [markdown]
 # *Measure.* One static batch per size, the same prompt length, TPOT from the per-token timestamps.
-# Beside it we time the step's matmuls alone — the same rows through every weight matrix and nothing
-# else — to split TPOT into "streaming the weights" and "everything else":
+# Beside it, the step's matmuls alone (the same rows through every weight matrix) split TPOT into
+# "streaming the weights" and "everything else":
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -574,8 +571,9 @@ tpot_slow = claim(
     tpot[b4] / tpot[b1],
     at_most=1.5,
     spread=max(tpot_spread[b1], tpot_spread[b4]),
-    why_not="this model is so small that per-sequence work (attention, KV writes, sampling) "
-    "costs about as much as streaming its weights: the batch is not free even when it is small",
+    why_not=f"the step grew {(tpot[b4] - tpot[b1]) * 1e3:.2f} ms, its matmuls alone "
+    f"{(mm[b4].median_s - mm[b1].median_s) * 1e3:.2f} ms: the rest is the per-sequence work outside them "
+    "(attention, KV writes, sampling)",
 )
 pred_growth = (tpot_dram[bN] + floor) / (tpot_dram[b1] + floor)
 print(
@@ -586,7 +584,8 @@ tpot_sublinear = claim(
     tpot[bN] / tpot[b1],
     at_most=pred_growth,
     spread=max(tpot_spread[b1], tpot_spread[bN]),
-    why_not="something outside the roofline grows with the batch: the next cell looks at the matmuls' kernel",
+    why_not=f"the step grew {(tpot[bN] - tpot[b1]) * 1e3:.2f} ms, its matmuls alone "
+    f"{(mm[bN].median_s - mm[b1].median_s) * 1e3:.2f} ms (the next cell looks at their kernel)",
 )
 tiny_ratio = tpot[b1] / tpot_dram[b1]
 print(
@@ -597,16 +596,16 @@ tiny_overhead_bound = claim(
     "tiny-target's decode is overhead-bound: its batch-1 TPOT is at least 3x its DRAM roofline",
     tiny_ratio,
     at_least=3.0,
-    why_not="the per-op dispatch on this machine is cheap enough that even a 5M model's step is mostly bytes",
+    why_not=f"its {split1.n_ops} ops x {split1.empty_op_s * 1e6:.2f} µs = {split1.dispatch_s * 1e3:.2f} ms of "
+    f"dispatch are {split1.dispatch_s / tpot[b1]:.0%} of its {tpot[b1] * 1e3:.2f} ms TPOT",
 )
 
 # %% [markdown]
-# Where a step's growth with the batch goes. The linear seam routes by shape: `SkinnyLinear` (this engine's,
-# `linear="auto"` on a CPU in fp32) sends 1-4 rows to the course's GEMV (`kernels.cpu_gemv`, where it is
-# built), up to `max_packed_rows` rows to oneDNN's packed kernel and more rows to `F.linear` (MKL). So from
-# the last batch under that limit to the first above it, the matmuls change
-# kernel. We split that growth into the matmuls and the rest, and time the larger batch's matmuls through
-# the packed kernel too (a copy of the weights packed for that many rows):
+# Where a step's growth with the batch goes. The linear seam routes by shape: `SkinnyLinear`
+# (`linear="auto"` on a CPU in fp32) sends 1-4 rows to the course's GEMV (`kernels.cpu_gemv`), up to
+# `max_packed_rows` rows to oneDNN's packed kernel, and more to `F.linear` (MKL). We split the growth
+# across that limit into the matmuls and the rest, and time the larger batch's matmuls through the
+# packed kernel too:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -643,65 +642,57 @@ else:
     print(f"this engine's seam ({type(lin0).__name__}) does not switch kernels inside the sweep")
 
 # %% [markdown]
-# *Explain the gap.* The roofline assumes a decode step is nothing but the weights streaming from
-# memory at full bandwidth. The measurements split the real step three ways: the matmuls alone (how
-# fast the library streams the weights as one small product per weight matrix; the fp32 weights fit in
-# the last-level cache, so they could beat the DRAM roof, the dotted cache roof is the limit, and products
-# with one or a few rows usually fall short of both), the dispatch of the step's few hundred ops counted
-# as *empty* ops (chapter 01's per-op floor), and what is left: the norms, rotary embeddings, KV-cache
-# writes, attention and sampling doing their real work on small tensors, plus the engine's Python. The
-# printed split says how big each is here, and the verdict says whether empty-op dispatch alone is most
-# of the step: an op that touches real tensors costs several times an empty one, so counting ops gives a
-# floor, not the step. Either way the roofline sees bytes and FLOPs, not ops — which is why real engines
-# capture the decode step in a CUDA graph or compile it: a 7B model's step moves gigabytes and the same
-# few hundred ops vanish in it, while a small model, or a fast GPU, is dominated by them.
+# *Explain the gap.* The roofline assumes a decode step is nothing but the weights streaming at full
+# bandwidth. The measurements split the real step three ways: the matmuls alone (how fast the library
+# streams the weights; where the regime line says they fit in the last-level cache they can beat the
+# DRAM roof, up to the dotted cache roof), the dispatch of the step's ops counted as *empty* ops (chapter
+# 01's per-op floor), and the rest: norms, rotary embeddings, KV writes, attention and sampling doing
+# real work on small tensors, plus the engine's Python. The verdict says whether empty-op dispatch alone
+# is most of the step; an op on real tensors costs more than an empty one, so counting ops gives a floor,
+# not the step. The roofline sees bytes and FLOPs, not ops; real engines capture the decode step in a
+# CUDA graph or compile it because a 7B model's step moves gigabytes and the same few hundred ops vanish
+# in it, while a small model, or a fast GPU, is dominated by them.
 #
-# As the batch grows the weights are read once for everyone, so the step should grow no faster than the
-# roofline + dispatch line; the verdicts say whether it did. Where it jumped, the split above says which
-# part jumped: past `max_packed_rows` the seam hands the rows to a different kernel, and the kernel-switch
-# verdict says whether that kernel, not the per-sequence work, is what the larger batch paid for. (A
-# seam that packs for more rows — `linear="packed"`, as SmolLM2's engine uses — removes that step.) Set
-# this beside section 1b: the same engine, but a model whose step streams 538 MB sits near its bandwidth
-# floor, while this one sits a multiple above it. Which regime a decode step is in is a property of the
-# model's size against the machine's per-op cost and bandwidth, not of the engine alone.
+# With the weights read once for everyone, the step should grow no faster than the roofline + dispatch
+# line; the verdicts say whether it did. Where it jumped, the split says which part: past
+# `max_packed_rows` the seam switches kernel, and the kernel-switch verdict says whether that kernel, not
+# the per-sequence work, is what the larger batch paid for (`linear="packed"`, which SmolLM2's engine
+# uses, packs for more rows). Beside section 1b (the batch-1 line prints both ratios): a model streaming
+# 538 MB per step should sit near its bandwidth floor, a small one a multiple above it; the regime is set
+# by the model's size against the machine's per-op cost and bandwidth, not by the engine.
 #
 # ## 2b · What each lever against the per-op cost buys
 #
-# *Claim.* If a small model's step is mostly ops dispatched one by one, then fewer ops make it faster
-# without touching a byte of the weights. The engine has four levers (`Engine(..., decode=...)`, in
+# *Claim.* If a small model's step is mostly ops dispatched one by one, fewer ops make it faster without
+# touching a byte of the weights. The engine has four levers (`Engine(..., decode=...)`, in
 # `course_lib/engine/fast_decode.py`), each tested against the eager reference (greedy output identical,
 # fp32 logits within 1e-5):
-# * **fused**: the same maths written for fewer ops and allocations: RoPE in place on q and k together,
-#   SwiGLU as `silu_` and `mul_` on the gate/up product's own storage, residuals added in place, the
-#   attention mask built on the device from the positions, one q/k/v product (as before);
+# * **fused**: the same maths in fewer ops and allocations (RoPE in place, SwiGLU as `silu_` and `mul_`,
+#   residuals added in place, the mask built on the device, one q/k/v product);
 # * **compiled**: `torch.compile` of that step with static shapes (one graph per batch bucket and per
 #   64 keys of context, as gpt-fast compiles its `decode_one_token`): inductor fuses the elementwise ops
-#   into a few C++ loops, and what is left to dispatch is the products and attention;
-# * **cudagraph** (a CUDA device only): the step captured once per batch bucket and replayed, as
-#   nano-vllm's `capture_cudagraph` does: one launch from Python per step;
-# * **native** (a CPU): no torch ops at all inside the step. The whole step is one C call
-#   (`course_lib/engine/native_step.py` over `kernels/cpu_gemv/step.c`): every layer runs inside one
-#   OpenMP parallel region, as llama.cpp runs it, with the products on the course's GEMV and the small
-#   work (RMSNorm, RoPE, the K/V writes, attention for one query, SwiGLU) between barriers. It is the
-#   "fused" idea taken to its end; the price is a second copy of the maths, in C, that the tests hold to
-#   the reference.
+#   into a few C++ loops;
+# * **cudagraph** (CUDA only): the step captured once per batch bucket and replayed, as nano-vllm's
+#   `capture_cudagraph` does: one launch from Python per step;
+# * **native** (a CPU): the whole step is one C call (`course_lib/engine/native_step.py` over
+#   `kernels/cpu_gemv/step.c`), every layer inside one OpenMP parallel region as in llama.cpp, with the
+#   products on the course's GEMV — "fused" taken to its end, at the price of a second copy of the maths,
+#   in C, that the tests hold to the reference.
 #
-# The engine's default, `decode="auto"`, takes the native step where the course's C kernels build, the
-# fused one where they do not, and CUDA graphs on a GPU; a step its path cannot take (a paged cache, more
-# than 4 sequences for the C step) runs the next one down, and `engine.decode_path` counts which ran.
+# The default, `decode="auto"`, takes the native step where the course's C kernels build, else the fused
+# one, and CUDA graphs on a GPU; a step its path cannot take (a paged cache, over 4 sequences for the C
+# step) falls back one level, and `engine.decode_path` counts which ran.
 #
-# *Predict.* Which lever cuts the op count, and which the time? A fused eager step still dispatches
-# every view and every small op from Python; only the compiler, the graph or the C step takes them out
-# of Python. The native row should count a handful of ops (the step's inputs and outputs, the argmax),
-# and its time should fall to the products' bytes ÷ bandwidth plus what the C code itself costs.
-# The course's goal for the engine (`benchmarks/ledger.py` tracks it) on tiny-target: a decode at batch 1 at least 3× HF `generate`.
+# *Predict.* Which lever cuts the op count, and which the time? A fused eager step still dispatches every
+# view and small op from Python; only the compiler, the graph or the C step takes them out. The native row
+# should count a handful of ops and fall to the products' bytes ÷ bandwidth plus the C code's own cost.
+# The course's goal on tiny-target (`benchmarks/ledger.py` tracks it): a batch-1 decode at least 3× HF
+# `generate`.
 #
 # *Measure.* One decode step of one sequence at 64 tokens of context (forward, greedy argmax, the token
-# to the host), the ops it dispatches counted as in section 2, and the engine's whole decode loop beside
-# HF `generate`. Compiling SmolLM2's 30 layers takes minutes on two cores, so quick mode measures
-# tiny-target's eager, fused and native steps here and shows the rest from a recorded run (its machine
-# and command are printed). Where the course's C kernels cannot be built (no compiler), the native row
-# runs the eager step and says so in a warning.
+# to the host), its ops counted as in section 2, and the engine's whole decode loop beside HF `generate`;
+# quick mode shows the rest from a recorded run. Without a C compiler the native row runs the eager step
+# and warns.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -749,31 +740,27 @@ if ("tiny-target", "native") in by:
     native_faster = step_levers.faster(ref_t, by["tiny-target", "native"])
 
 # %% [markdown]
-# *Explain.* The verdicts above say, for this run, whether the fused step dispatched fewer ops and ran
-# faster, and whether the best lever reached the 3× goal. Writing the step for fewer allocations does
-# not, by itself, take ops out of Python: every view, slice and small product is still one dispatch, so
-# where the fused count barely moves that is why. The compiler is what changes the count, at a price of
-# its own: static shapes, so the keys are read up to the next multiple of 64 and masked, not to the exact
-# length; a layer's elementwise ops fold into a few C++ loops, and what
-# it still dispatches is mostly the products (the course's GEMV or oneDNN's, one opaque op each) and attention: the table's
-# compiled row counts those. The native row is the other way out of Python, by hand: the verdicts above
-# say whether it dispatched at least 10× fewer ops than eager and ran faster. What is left of its step
-# is the products (tiny-target's ~20 MB of weights, mostly in the LLC here) and the C code's own
-# barriers; the engine's scheduler, sampler and events around it are what keep its ratio to HF below
-# the step's own. The same C step is what the ledger's SmolLM2 rows against llama.cpp run
-# (`benchmarks/vs_llamacpp.py --decode native`, chapter 02-2). On a GPU, a CUDA graph removes the per-op launch from Python altogether,
-# which is why the GPU goal (tiny-target ≤ 0.5 ms per step on an H200) is set against
-# `decode="cudagraph"`; `benchmarks/gpu_check.sh` times it when a GPU is lent.
+# *Explain.* The verdicts say whether the fused step dispatched fewer ops and ran faster, and whether the
+# best lever reached the 3× goal. Fewer allocations do not take ops out of Python: every view, slice and
+# small product still costs one dispatch. The compiler changes the count, at a price: static shapes, so the
+# keys are read up to the next multiple of 64 and masked; what it still dispatches is mostly the products
+# and attention. The native row leaves Python by hand: the verdicts say whether it dispatched at least 10×
+# fewer ops than eager and ran faster. What is left is the products and the C code's barriers; the
+# scheduler and sampler around it can make the whole loop's ratio to HF trail the step's own.
+# The same C step runs the ledger's SmolLM2 rows against llama.cpp
+# (`benchmarks/vs_llamacpp.py --decode native`, chapter 02-2). On a GPU the goal (tiny-target ≤ 0.5 ms
+# per step on an H200) is set against `decode="cudagraph"`; `benchmarks/gpu_check.sh` times it when a
+# GPU is lent.
 #
 # ## 3 · Latency is a distribution: percentiles, not the mean
 #
-# *Claim* (Huyen, *AI Engineering*, ch. 9). Latency follows a distribution; outliers are common and distort the mean, so
-# report p50 (the median), p90, p95 and p99.
+# *Claim* (Huyen, *AI Engineering*, ch. 9). Latency follows a distribution; outliers are common and
+# distort the mean, so report p50 (the median), p90, p95 and p99.
 #
-# A workload of requests with varied prompts and a long-tailed mix of answer lengths (most short, a
-# few long — like chat traffic), served one at a time by a quiet server. *Predict*: since
-# latency ≈ a + c · output tokens, the latency distribution inherits the shape of the output lengths,
-# which are known before running anything:
+# A workload of varied prompts and a long-tailed mix of answer lengths (most short, a few long, like
+# chat traffic), served one at a time by a quiet server. *Predict*: since latency ≈ a + c · output
+# tokens, the latency distribution inherits the shape of the output lengths, known before running
+# anything:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -803,13 +790,12 @@ dist = metrics.summarize(dist_traces)
 print(dist.table())
 
 # %% [markdown]
-# The TPOT row above is a distribution of *per-request means*: each request contributes one number, its
-# average gap. A streaming user feels every gap, so serving benchmarks also report the **inter-token
-# latency** (ITL), the distribution of all gaps of all requests: vLLM's `benchmarks/benchmark_serving.py`
-# prints TTFT, TPOT, ITL and end-to-end latency (E2EL), each as mean, median and p99. A mean hides a
-# stall, and the two distributions hide it differently: a request's mean spreads one stall over its own
-# gaps (a short request keeps it large), while ITL counts it once among thousands of gaps, so which p99 is
-# larger depends on the run (the cell says which); only the longest gap shows a stall whole:
+# The TPOT row above is a distribution of *per-request means*. A streaming user feels every gap, so
+# serving benchmarks also report the **inter-token latency** (ITL) over all gaps: vLLM's
+# `benchmarks/benchmark_serving.py` prints TTFT, TPOT, ITL and end-to-end latency (E2EL), each as mean,
+# median and p99. The two hide a stall differently: a request's mean spreads it over its own gaps, ITL
+# counts it once among thousands, so which p99 is larger depends on the run (the cell says which); only
+# the longest gap shows a stall whole:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -853,13 +839,12 @@ print(
 )
 
 # %% [markdown]
-# *Predict the tail from the parts, request by request.* Each request's latency should be its own
-# TTFT — which grows with its prompt, here 16 to 256 tokens, so we fit TTFT against the prompt length
-# over these requests — plus the median TPOT times its output tokens after the first. A TTFT every request
-# pays, short answer or long, should make the latency's p99/p50 *smaller* than the output lengths'. What
-# the prediction misses is then measured request by request, not called noise. A p99 of 100 requests is
-# itself unsteady (the next cell shows how much), so the verdicts on ratios of percentiles carry the
-# spread of that ratio over bootstrap resamples of these 100 requests:
+# *Predict the tail from the parts, request by request.* Each request's latency should be its own TTFT
+# (fitted against its prompt length, here 16 to 256 tokens) plus the median TPOT times its output tokens
+# after the first. A TTFT every request pays should make the latency's p99/p50 *smaller* than the output
+# lengths'. Its misses are measured request by request, not called noise. A p99 of 100 requests is
+# itself unsteady, so the verdicts on percentile ratios carry that ratio's spread over bootstrap
+# resamples of the 100 requests:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -903,9 +888,9 @@ tail_damped = claim(
 )
 
 # %% [markdown]
-# How many requests does a stable p99 need? Draw n requests, again and again, from a large workload of the
-# same mix (its latencies from the per-request model just fitted), and see how far the p99 of n wanders;
-# for n = 100 also from the 100 requests actually served:
+# How many requests does a stable p99 need? Draw n requests again and again from a large workload of the
+# same mix (latencies from the model just fitted) and see how far the p99 of n wanders; for n = 100,
+# also from the 100 requests served:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -920,21 +905,19 @@ print(
 )
 
 # %% [markdown]
-# *Explain.* The mean sits above the median because a few long answers pull it up: most users get
-# something faster than "the average", and the p99 user waits a multiple of the median — numbers a
-# mean cannot show. The per-request prediction says how much of each latency the prompt and answer
-# lengths explain, and the printed misses are the requests they do not: look at whether those are the
-# slow tail or scattered. The tail verdicts compare the ratios with their own resampling spread, because a
-# p99 of 100 requests is set by the one or two slowest: the table shows its spread shrinking only about as
-# 1/√n, so a p99 steady to a few percent needs thousands of requests, while 100 is only the fewest for which
-# p99 is not simply the maximum. This is why SLOs are written on percentiles over long windows ("p99 TTFT
-# under 500 ms over the day"), and why `metrics.summarize` prints them first.
+# *Explain.* A few long answers pull the mean above the median: most users get something faster than
+# "the average", and the p99 user may wait a multiple of the median — numbers a mean cannot show. The
+# printed misses are the requests the lengths do not explain: are they the slow tail, or scattered? A p99
+# of 100 requests is set by the one or two slowest: the table should show its spread shrinking only about
+# as 1/√n, so a steady p99 needs thousands of requests, while 100 is merely the fewest for which p99 is
+# not the maximum. Hence SLOs on percentiles over long windows ("p99 TTFT under 500 ms over the day"), and
+# `metrics.summarize` prints them first.
 #
 # ## 4 · The human reading-speed budget
 #
-# *Claim* (Huyen, *AI Engineering*, ch. 9). A stream needs to be no faster than people read: about 120 ms
-# per token, which Huyen also gives as 6–8 tokens/s (120 ms is the fast end, 8.3 tokens/s). Everything
-# faster is speed the server can spend on something else — bigger batches.
+# *Claim* (Huyen, *AI Engineering*, ch. 9). A stream need be no faster than people read: about 120 ms per
+# token, which Huyen also gives as 6–8 tokens/s (120 ms is the fast end, 8.3 tokens/s). Anything faster
+# is speed the server can spend elsewhere — bigger batches.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -955,21 +938,20 @@ else:
     print("no batch size keeps TPOT under the reading budget on this machine")
 
 # %% [markdown]
-# *Explain.* Once TPOT is under the budget, a lower TPOT buys the user nothing, and the spare speed is
-# better spent on serving more streams at once (part 2, section 3). TTFT has no such budget: it is dead time
-# before anything appears, which is why serving systems protect it separately.
+# *Explain.* Under the budget, a lower TPOT buys the user nothing; the spare speed is better spent serving
+# more streams at once (part 2, section 3). TTFT has no such budget: it is dead time before anything
+# appears, so serving systems protect it separately.
 #
 # ## 5 · Trading TTFT against TPOT
 #
-# *Claim* (Huyen, *AI Engineering*, ch. 9). TTFT can be lowered at the expense of TPOT by moving
-# compute from decode to prefill. Here is where that choice is made in a real engine. A long prompt
-# arrives while another request is decoding. Each engine step has a **token budget**
-# (`SchedulerConfig.max_num_batched_tokens`). A big budget prefills the whole newcomer in one step: its
-# TTFT is short, but the request already streaming waits through that whole prefill for its next token.
-# A small budget cuts the prompt into chunks (*chunked prefill*, chapter 06) and mixes one chunk into
-# each decode step. The streaming request then never stalls for the whole prefill, but each of its steps
-# carries a chunk, so its *mean* TPOT should rise while its worst gap falls; the newcomer's TTFT grows
-# with the number of chunks.
+# *Claim* (Huyen, *AI Engineering*, ch. 9). TTFT can be lowered at the expense of TPOT by moving compute
+# from decode to prefill. A real engine makes that choice when a long prompt arrives while another
+# request decodes, through each step's **token budget** (`SchedulerConfig.max_num_batched_tokens`). A big
+# budget prefills the whole newcomer in one step: a short TTFT, but the streaming request waits through
+# that prefill for its next token. A small budget cuts the prompt into chunks (*chunked prefill*,
+# chapter 06), one per decode step: the streaming request never stalls for the whole prefill, but each of
+# its steps carries a chunk, so its *mean* TPOT should rise while its worst gap falls; the newcomer's
+# TTFT grows with the number of chunks.
 #
 # *Predict:* with a 512-token prompt, which budget gives the newcomer the shortest TTFT, and which
 # gives the running request the shortest worst gap between two tokens?
@@ -1009,7 +991,8 @@ tradeoff = claim(
     "a bigger budget lowers the newcomer's TTFT and raises the running request's worst gap",
     min(small.new_ttft_s / big.new_ttft_s, big.running_max_gap_s / small.running_max_gap_s),
     at_least=1.0,
-    why_not="the steps are so short that the fixed cost per step hides the prefill (try a longer prompt)",
+    why_not=f"newcomer TTFT {small.new_ttft_s * 1e3:.1f} -> {big.new_ttft_s * 1e3:.1f} ms, running worst gap "
+    f"{small.running_max_gap_s * 1e3:.1f} -> {big.running_max_gap_s * 1e3:.1f} ms from budget {small.budget} to {big.budget}",
 )
 print(
     f"the running request under budget {small.budget} vs {big.budget}: worst gap "
@@ -1018,24 +1001,23 @@ print(
 )
 
 # %% [markdown]
-# *Explain.* The budget is a dial between two latencies that no single setting minimises. With a big
-# budget, the stalled step costs about as much as prefilling the whole prompt, and every request that
-# is streaming pays it. With a small one, the newcomer pays a fixed per-step cost once per chunk, which
-# is why its TTFT grows faster than its share of the FLOPs. Serving systems choose the budget from
-# their SLOs: an interactive chat product protects TPOT, a system that answers short questions protects
-# TTFT. Chapter 06 builds continuous batching and chunked prefill on this knob; disaggregated serving
-# removes the trade-off by running prefill and decode on different machines.
+# *Explain.* The budget is a dial between two latencies no single setting minimises. With a big budget,
+# the stalled step costs about a whole prompt's prefill, paid by every streaming request. With a small
+# one, the newcomer pays a fixed per-step cost once per chunk, so its TTFT grows faster than its share of
+# the FLOPs. Serving systems choose the budget from their SLOs: a chat product protects TPOT, a
+# short-question service TTFT. Chapter 06 builds continuous batching and chunked prefill on this knob;
+# disaggregated serving removes the trade-off by running prefill and decode on different machines.
 #
 # ## 6 · Time to publish: when the first tokens are not shown
 #
 # *Claim* (Huyen, *AI Engineering*, ch. 9). An agent first runs steps the user never sees: it plans,
-# calls tools, reasons. TTFT then says little. What the user feels is **time to publish**, the time
-# until the first token they actually see. We simulate the smallest agent: the model writes a hidden
-# draft of 32 tokens, then the visible answer is generated from the prompt plus the draft.
+# calls tools, reasons. TTFT then says little; what the user feels is **time to publish**, the time until
+# the first token they see. The smallest agent: the model writes a hidden 32-token draft, then the
+# visible answer is generated from the prompt plus the draft.
 #
-# *Predict* from measurements made before this cell: time to publish ≈ TTFT of the 64-token task + 31 ×
-# TPOT (the rest of the hidden draft, at section 2's batch-1 TPOT) + the TTFT of the second call's 96-token
-# prompt (both TTFTs from section 3's fit of TTFT against the prompt length).
+# *Predict* from earlier measurements: time to publish ≈ TTFT of the 64-token task + 31 × TPOT (the rest
+# of the draft, at section 2's batch-1 TPOT) + TTFT of the second call's 96-token prompt (both TTFTs from
+# section 3's fit against prompt length).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -1059,28 +1041,30 @@ publish_predicted = claim(
     at_least=0.8,
     at_most=1.25,
     spread=tpot_spread[b1],
-    why_not="the engine ran slower or faster here than in sections 2 and 3 (other jobs come and go)",
+    why_not=f"the hidden draft decoded at {hidden_decode / (HIDDEN - 1) * 1e3:.2f} ms per token against section 2's "
+    f"{tpot[b1] * 1e3:.2f}, and the first call's TTFT took {draft.trace.ttft * 1e3:.1f} ms against the fit's "
+    f"{(lat_model.ttft0_s + lat_model.ttft_per_token_s * len(task)) * 1e3:.1f}",
 )
 publish_is_decode = claim(
     "for an agent, TPOT, not TTFT, dominates time to publish: the hidden decode is at least half of it",
     hidden_decode / time_to_publish,
     at_least=0.5,
-    why_not="the prompts are long and the draft short, so the two prefills outweigh the hidden decode",
+    why_not=f"the two prefills took {(time_to_publish - hidden_decode) * 1e3:.1f} ms of the {time_to_publish * 1e3:.1f} ms",
 )
 
 # %% [markdown]
-# *Explain.* The hidden draft costs whole decode steps, so for agents TPOT, not TTFT, dominates the time
-# to publish, and the longer the hidden work, the less the first call's TTFT matters. The second call also
-# prefills the draft again here. A real agent framework keeps the KV cache of the shared prefix
-# (*prefix caching*, chapter 06) and pays only for the new tokens.
+# *Explain.* The hidden draft costs whole decode steps, so for agents TPOT, not TTFT, should dominate the
+# time to publish (the verdict checks it): the longer the hidden work, the less the first TTFT matters.
+# The second call here prefills the draft again; a real agent framework keeps the shared prefix's KV
+# cache (*prefix caching*, chapter 06) and pays only for the new tokens.
 #
 # ## 7 · The same text, a different number of tokens
 #
 # *Claim* (Huyen, *AI Engineering*, ch. 9). APIs charge per token, and throughput is counted in tokens,
-# but two models with different tokenizers turn the same text into different numbers of tokens. Compare
-# cost per request, not cost per token. We train a few byte-level BPE tokenizers of different vocabulary
-# sizes on the course's corpus (seconds), and count the tokens of the same held-out texts under each,
-# beside raw UTF-8 bytes and the course's own tokenizer.
+# but different tokenizers turn the same text into different numbers of tokens: compare cost per
+# request, not per token. We train byte-level BPE tokenizers of a few vocabulary sizes on the course's
+# corpus (seconds) and count the same held-out texts under each, beside raw UTF-8 bytes and the course's
+# own tokenizer.
 #
 # *Predict:* which text costs the most tokens per character under a tokenizer trained on Python code?
 
@@ -1090,11 +1074,10 @@ rows = tokencost.compare_tokenizers()
 print(tokencost.format_table(rows))
 
 # %% [markdown]
-# *Explain.* A bigger vocabulary learns longer pieces, so the same code takes fewer tokens. Text
-# unlike the training data (prose in another language, digits) falls back to short pieces, down to
-# single bytes: a Korean sentence can cost several times the tokens per character of Python. Prices and
-# throughputs in tokens are therefore comparable only between models that share a tokenizer. A fair
-# comparison runs the same requests and counts requests and dollars, not tokens.
+# *Explain.* A bigger vocabulary learns longer pieces, so the same code takes fewer tokens. Text unlike
+# the training data (prose in another language, digits) falls back to short pieces, down to single
+# bytes. Prices and throughputs in tokens are therefore comparable only between models that share a
+# tokenizer; a fair comparison counts requests and dollars, not tokens.
 #
 # ### Record the headline figures
 
@@ -1169,10 +1152,9 @@ ch02.check_p50_mean(p50, mean)
 # </details>
 #
 # **Exercise 3 (re-measure).** Predict, then measure, SmolLM2's TTFT for a 900-token prompt on this
-# machine. Use your own measurement from section 1: the prefill FLOPs at the rate the longest live prompt
-# reached (`prefill_rate`, `accounting.prefill_flops(cshape, ...)`). Then run the cell: it builds the
-# chat model's engine again (freed after section 1b), measures the TTFT and checks your prediction
-# within 35%.
+# machine, from your own section 1 measurement: the prefill FLOPs at the rate the longest live prompt
+# reached (`prefill_rate`, `accounting.prefill_flops(cshape, ...)`). The cell builds the chat model's
+# engine again (freed after section 1b), measures the TTFT and checks your prediction within 35%.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -1184,11 +1166,10 @@ ch02.check_remeasured_ttft(
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# `my_ttft_900_ms = accounting.prefill_flops(cshape, 900) / prefill_rate * 1e3`. A model linear in
-# the FLOPs works because prefill is compute-bound and `accounting.prefill_flops` already counts the
-# attention term; the rate measured at your longest live prompt carries over if the matmuls at 900 tokens
-# keep the vector units as busy (they are wider still). Timing noise is the usual reason for a miss:
-# re-run both cells.
+# `my_ttft_900_ms = accounting.prefill_flops(cshape, 900) / prefill_rate * 1e3`. Linear in the FLOPs
+# should work: prefill is compute-bound and `accounting.prefill_flops` counts the attention term; the rate
+# at your longest live prompt carries over if the matmuls at 900 tokens keep the vector units as busy. A
+# miss is usually timing noise: re-run both cells.
 # </details>
 #
 # **Exercise 4 (your peaks).** From this machine's measured bandwidth (`BW`, bytes/s), what is the
@@ -1203,33 +1184,28 @@ ch02.check_weight_stream_ms(answer, bandwidth=BW, model="tiny-target")
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# `answer = accounting.weight_bytes(shape, "fp32") / BW * 1e3`. Compare it with the TPOT measured in
-# section 2: for a model this small the bytes are a fraction of the step. Section 2's split says where the
-# rest goes: the matmuls' own time, the dispatch of the step's ops counted as empty ops, and the larger
-# remainder of the ops doing real work on small tensors — so neither the bytes nor the op count alone sets
-# the step time.
+# `answer = accounting.weight_bytes(shape, "fp32") / BW * 1e3`. Compare it with section 2's measured
+# TPOT; its split says where the rest goes (the matmuls, empty-op dispatch, the small ops' real work), so
+# neither the bytes nor the op count alone sets the step time.
 # </details>
 #
 # ## Summary
 #
 # * **Latency** has three faces, all read from per-token timestamps: **TTFT** (prefill; grows with the
-#   input length — plot it; compute-bound, so its FLOPs over the measured matmul peak predict it),
-#   **TPOT** (decode; grows slowly with the batch while the weights are shared; for a model larger than
-#   the cache its floor is the weights over the DRAM bandwidth, for a small one the per-op overhead) and
-#   end-to-end latency = TTFT + TPOT × (n − 1). A streaming user sees every **inter-token latency**
-#   (ITL), not their mean: report ITL percentiles over all gaps beside TPOT percentiles, which are over
-#   per-request means (vLLM's benchmark reports TTFT, TPOT, ITL and E2E latency). A user's TTFT also
-#   includes tokenization, queueing and the network, which the engine's TTFT does not.
+#   input length; compute-bound, so FLOPs over the measured matmul peak predict it), **TPOT** (decode;
+#   grows slowly with the batch; for a model larger than the cache its floor is the weights over the DRAM
+#   bandwidth, for a small one on the reference step, dispatch and the small ops' work) and end-to-end
+#   latency = TTFT + TPOT × (n − 1). A streaming user sees every **inter-token latency** (ITL): report
+#   ITL percentiles over all gaps beside TPOT percentiles over per-request means, as vLLM's benchmark
+#   does. A user's TTFT also includes tokenization, queueing and the network.
 # * Latency is a distribution: report **p50, p90, p95, p99**. With 100 requests the p99 is no longer the
-#   maximum, but it is far from stable: it wanders by the spread section 3 measured, and a steady p99 needs
-#   thousands of requests. Long answers pull the mean away from what most users see; what the per-request
-#   prediction from the lengths misses is printed request by request, not assumed to be noise.
+#   maximum but far from stable; a steady p99 needs thousands. Long answers pull the mean away from what
+#   most users see.
 # * A TPOT below the **reading speed** (~120 ms/token) buys the reader nothing; spend the margin on
 #   batch size (part 2).
 # * **TTFT and TPOT trade against each other** through the per-step token budget: prefilling a newcomer
 #   at once stalls everyone streaming, chunking it delays the newcomer.
-# * For agents, **time to publish** (the first token the user sees) is what counts, and it is paid in
-#   decode steps.
+# * For agents, **time to publish** (the first token the user sees) is what counts, paid in decode steps.
 # * **Tokens are not a unit of text**: compare models by cost per request, not per token.
 #
 # Part 2 (`02_metrics_2_throughput_utilization.ipynb`) turns to throughput, goodput, MFU and MBU.

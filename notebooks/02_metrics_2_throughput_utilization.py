@@ -16,11 +16,11 @@
 # %% [markdown]
 # # 02 · Metrics, part 2: throughput, goodput, MFU and MBU
 #
-# Part 1 (`02_metrics_1_latency.ipynb`) measured what a user waits for. This part takes the operator's
-# and the engineer's side on the same engine and model: how many tokens and requests per second the
-# machine delivers (**throughput**), how many of those met their promise (**goodput**), how close the
-# hardware runs to its ceilings (**MFU**, **MBU**), and why a dashboard's "GPU utilization" answers a
-# different question. Huyen (*AI Engineering*, ch. 9) defines them; we measure each one.
+# Part 1 (`02_metrics_1_latency.ipynb`) measured what a user waits for. This part takes the operator's and the
+# engineer's side: how many tokens and requests per second the machine delivers (**throughput**), how many met
+# their promise (**goodput**), how close the hardware runs to its ceilings (**MFU**, **MBU**), and why a
+# dashboard's "GPU utilization" answers a different question. Huyen (*AI Engineering*, ch. 9) defines them; we
+# measure each one.
 
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-course/course/blob/main/notebooks/02_metrics_2_throughput_utilization.ipynb)
@@ -54,25 +54,23 @@ if "google.colab" in sys.modules:
 # %% [markdown]
 # **You will learn**
 #
-# * MFU and MBU — and why *"GPU utilization"* in `nvidia-smi` is neither, and why training reaches a
-#   higher MFU than inference;
-# * to test a rule of thumb (Anyscale: 100 input tokens ≈ 1 output token) on a real engine, and to
-#   derive it from the roofline;
-# * MFU against the measured and against the theoretical peak, each with its own bar, and why a decode at
-#   a few percent MFU can be the best it can be (utilization is not the goal);
-# * the throughput–latency trade-off of batching, goodput under an SLO (and what in it is the scheduler's
-#   doing), online vs batch APIs, classic ML's precomputed predictions, and why consistent output lengths
-#   are easier to serve;
+# * MFU and MBU — and why *"GPU utilization"* in `nvidia-smi` is neither, and why training reaches a higher
+#   MFU than inference;
+# * to test a rule of thumb (Anyscale: 100 input tokens ≈ 1 output token) on a real engine, and to derive it
+#   from the roofline;
+# * MFU against the measured and against the theoretical peak, each with its own bar, and why a decode at a
+#   few percent MFU can be the best it can be (utilization is not the goal);
+# * the throughput–latency trade-off of batching, goodput under an SLO, online vs batch APIs, classic ML's
+#   precomputed predictions, and why consistent output lengths are easier to serve;
 # * to benchmark an engine against Hugging Face `generate`, fairly.
 #
 # **Models in this chapter.** Where the regime decides the lesson, the course's real chat model,
-# **SmolLM2-135M-Instruct** (`data/models/smollm2-135m-instruct.md`: 538 MB of fp32 weights, many times
-# a CPU's last-level cache): MFU at prefill and MBU at decode (section 1), the input/output token ratio
-# from its own TTFT and TPOT (section 2), and throughput, latency and goodput as the batch grows
-# (section 3). Beside it, the 5M-parameter **tiny-target** (20 MB, cache-resident, overhead-bound
-# decode) as the contrast in sections 1–2, and for what serves many requests or runs a second framework
-# within a CI budget: the latency grid of section 2, online vs batch APIs and the two workloads of equal
-# mean length (4), busy time vs MFU (5) and the comparison with `transformers` (6).
+# **SmolLM2-135M-Instruct** (`data/models/smollm2-135m-instruct.md`: 538 MB of fp32 weights, more than most
+# CPUs' last-level cache): MFU and MBU (section 1), the input/output token ratio (section 2), and throughput,
+# latency and goodput as the batch grows (section 3). Beside it, the 5M-parameter **tiny-target** (20 MB;
+# section 0's regime line says whether a cache holds it) as the contrast in sections 1–2, and for what serves
+# many requests or runs a second framework within a CI budget: the latency grid of section 2, sections 4–5 and
+# the comparison with `transformers` (6).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -88,6 +86,7 @@ import transformers
 import course_lib
 from course_lib import serving
 from course_lib.bottlenecks import decode_mbu, mfu_bound, roof_check, time_floors
+from course_lib.bottlenecks import decode_roofline as dr
 from course_lib.bottlenecks.below_roof import why_below_roof
 from course_lib.bottlenecks.engine_vs_hf import PROMPT, engine_vs_hf, format_rows
 from course_lib.core import memory
@@ -114,13 +113,14 @@ if not CUDA:
 # %% [markdown]
 # ## 0 · The engine, the model, and the measurements part 1 made
 #
-# The same engine and model as part 1. Every metric here is computed from timings, so the cell below
-# re-measures the few that part 1 took (a TTFT at a long prompt, and TPOT over a batch sweep): a
-# part must run on its own, as it does on Colab.
+# The same engine and model as part 1: tiny-target on the reference step (`decode="eager"`), whose per-op cost
+# is what its utilization lessons are about (part 1, section 2b, shows the levers that remove it; the default
+# `decode="auto"` takes the fastest). The cell below re-measures the few timings part 1 took (a TTFT at a long
+# prompt, TPOT over a batch sweep), since each part runs on its own, as on Colab.
 
 # %%
 # NBVAL_CHECK_OUTPUT
-engine = Engine("tiny-target", device=DEV, dtype=DT)
+engine = Engine("tiny-target", device=DEV, dtype=DT, decode="eager")  # the reference step, as in part 1
 shape = accounting.ModelShape.from_config(engine.hf_model.config, name="tiny-target")
 n_params = accounting.param_count(shape)
 print(f"tiny-target: {n_params:,} parameters, {accounting.weight_bytes(shape, DT) / 1e6:.1f} MB of {DT} weights")
@@ -156,11 +156,10 @@ print("TPOT: " + ", ".join(f"batch {b} {tpot[b] * 1e3:.2f} ms" for b in batches)
 print(f"one decode step dispatches {n_ops} torch ops")
 
 # %% [markdown]
-# The same measurements on the real chat model, SmolLM2-135M-Instruct, with a KV cache sized for this
-# sweep (46 KB per token in fp32; the default 64 × 8,192 slots would not fit a small machine): TTFT at a
-# short and a long prompt, and TPOT over a batch sweep. The tiny engine is freed first and built again after (the same
-# weights, loaded in a second), so the two never share the memory of a 1.5 GB machine; only the numbers
-# of the SmolLM2 engine are kept, and it is freed at the end of the cell.
+# The same measurements on the real chat model, SmolLM2-135M-Instruct, with a KV cache sized for this sweep
+# (46 KB per token in fp32; the default 64 × 8,192 slots would not fit a small machine). The tiny engine is
+# freed first and rebuilt after, so the two never share the memory of a 1.5 GB machine; only SmolLM2's numbers
+# are kept.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -190,22 +189,21 @@ c_mm = profiling.time_matmuls(chat, 1, repeats=course_lib.pick(3, 10))  # its ma
 print(f"decode path: {chat.decode_path}")
 del chat, chat_pool  # the SmolLM2 engine is 1 GB: keep its numbers only
 gc.collect()
-engine = Engine("tiny-target", device=DEV, dtype=DT)  # the tiny model again, for the sections below
+engine = Engine("tiny-target", device=DEV, dtype=DT, decode="eager")  # the tiny model again, for the sections below
 
 # %% [markdown]
 # ## 1 · MFU for prefill, MBU for decode
 #
-# *Claim* (Huyen, *AI Engineering*, ch. 9). **MFU** (model FLOP/s utilization) = achieved FLOP/s ÷ peak FLOP/s; **MBU** (model
-# bandwidth utilization) = achieved bytes/s ÷ peak bandwidth: the bytes a decode step must move (every
-# weight once, plus each sequence's KV cache) × steps/s. At batch 1 a step makes one token, so that is
-# Huyen's (parameters × bytes/parameter × tokens/s) ÷ peak bandwidth; at batch b a step makes b tokens
-# while reading the weights once, so the batch-1 formula with the batch's tokens/s would count the weights
-# b times (`roof_check.utilization` uses steps/s). Compute-bound work
-# shows high MFU and low MBU, bandwidth-bound work the reverse; prefill's MFU beats decode's; and
-# today an MFU above 50% is good.
+# *Claim* (Huyen, *AI Engineering*, ch. 9). **MFU** (model FLOP/s utilization) = achieved FLOP/s ÷ peak
+# FLOP/s; **MBU** (model bandwidth utilization) = achieved bytes/s ÷ peak bandwidth: the bytes a decode step
+# must move (every weight once, plus each sequence's KV cache) × steps/s. At batch 1 that is Huyen's
+# (parameters × bytes/parameter × tokens/s) ÷ peak bandwidth; at batch b a step makes b tokens from one read
+# of the weights, so counting tokens/s would count the weights b times (`roof_check.utilization` uses
+# steps/s). Compute-bound work shows high MFU and low MBU, bandwidth-bound work the reverse; prefill's MFU
+# beats decode's; and today an MFU above 50% is good.
 #
-# *Calibrate* on a published measurement, the gpt-fast README's batch-1 decode of Llama-2-7B in fp16
-# on an A100-80GB (cited by the cell from `data/references.json`):
+# *Calibrate* on a published measurement, the gpt-fast README's batch-1 decode of Llama-2-7B in fp16 on an
+# A100-80GB (cited by the cell from `data/references.json`):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -225,8 +223,8 @@ print(
 print(f"MFU of the same decode = {l7_mfu:.2%}")
 
 # %% [markdown]
-# That decode uses most of the A100's bandwidth and under one percent of its FLOP/s — good decode is
-# judged by MBU. The PyTorch blog on the same work reports a different figure for the same decode:
+# On these published numbers the MBU is high and the MFU under one percent: decode is judged by MBU. The
+# PyTorch blog on the same work reports a different figure for the same decode:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -313,25 +311,23 @@ real_bw_bound = claim(
 )
 
 # %% [markdown]
-# *Explain.* Huyen's ordering predicts the first two verdicts: prefill does many FLOPs per weight read,
-# so its MFU is the higher, and decode at batch 1 does one multiply-add per weight, so its MBU is the
-# higher. The roofline also says by how much — each phase at its own roof gives the factors in the
-# verdicts — so each is judged against half that factor, not against "higher at all". Batching lifts
-# decode's MFU because more tokens share one read of the weights. The absolute
-# values depend on the regime, and the two models show two of them. SmolLM2 streams 538 MB from DRAM
-# every step: its decode MBU is judged against the DRAM roof, and the third verdict says how close it
-# came. tiny-target's weights sit in the cache and most of its step is the small non-matmul ops (part 1, section 2 splits it):
-# its MBU against DRAM is low, and against the cache lower still, because the bytes are not what it
-# waits for. An MBU near gpt-fast's 70% needs a model large enough to hide the overhead; the real model
-# comes closer, and the third verdict says how close. Prefill's MFU is set by how well the matmuls use the vector units, which the wider SmolLM2
-# matmuls do better than tiny-target's 256-wide ones.
+# *Explain.* Huyen's ordering predicts the first two verdicts: prefill does many FLOPs per weight read, so its
+# MFU should be the higher; decode at batch 1 does one multiply-add per weight, so its MBU should be. The
+# roofline also says by how much (each phase at its own roof gives the factors in the verdicts), so each is
+# judged against half that factor, not against "higher at all".
+#
+# The absolute values depend on the regime. SmolLM2 streams 538 MB every step: its decode MBU is judged
+# against the DRAM roof, and the third verdict says how close to gpt-fast's 70% it came. If tiny-target's
+# 20 MB sit in the cache and its step is mostly small non-matmul ops (part 1, section 2), its MBU should be
+# low against DRAM and lower still against the cache: bytes are not what it waits for. Prefill's MFU is set by
+# how well the matmuls use the vector units; you should see the wider SmolLM2 matmuls do better than
+# tiny-target's 256-wide ones.
 #
 # *Two peaks, two bars.* Every MFU above divides by the *measured* matmul peak (a large square fp32 matmul
-# timed on this machine), so it asks "how close to the best this machine's library does". Huyen's "> 50%
-# MFU is good" is defined against the *theoretical* peak, the datasheet's: for a CPU, cores × clock ×
-# FLOP per cycle of its FMA units (`prof.ceiling`, at the clock chapter 00 measured; e.g. 32 fp32 FLOP per
-# cycle on AMD Zen 4, which double-pumps AVX-512). A rate above a peak is a probe error, not an MFU above
-# 100%, and is printed as one. Each MFU is judged against its own bar:
+# timed here): "how close to this machine's best library matmul". Huyen's "> 50% MFU is good" is against the
+# *theoretical* peak: for a CPU, cores × clock × FLOP per cycle of its FMA units (`prof.ceiling`, at
+# chapter 00's measured clock; e.g. 32 fp32 FLOP per cycle on AMD Zen 4). A rate above a peak is a probe
+# error, not an MFU above 100%. Each MFU against its own bar:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -371,11 +367,11 @@ if two["theoretical"] is not None:
     print(f"decode at batch 1 against the theoretical peak: MFU {cu['decode b=1']['mfu'] * PEAK / theory_fp32:.1%}")
 
 # %% [markdown]
-# *Utilization is not the goal* (Huyen, *AI Engineering*, ch. 9). A batch-1 decode's MFU is small by
-# construction: it does 2 FLOPs per weight it reads, so its MFU cannot exceed its arithmetic intensity over
-# the ridge point. What it should be judged by is the resource that binds it — bandwidth — and a decode at
-# a few percent MFU is well run if its MBU is high: the fastest, cheapest service, not the highest
-# utilization, is the goal. The verdict compares each phase's use of its own binding resource:
+# *Utilization is not the goal* (Huyen, *AI Engineering*, ch. 9). A batch-1 decode does 2 FLOPs per weight it
+# reads, so its MFU cannot exceed its arithmetic intensity over the ridge point. Judge it by the resource that
+# binds it, bandwidth: a decode at a few percent MFU is well run if its MBU is high. The goal is the fastest,
+# cheapest service, not the highest utilization. The verdict compares each phase's use of its own binding
+# resource:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -390,16 +386,15 @@ not_the_goal = utilization_checks.low_mfu_can_be_optimal(
 # %% [markdown]
 # ### A model no cache holds, on every machine it was run on
 #
-# SmolLM2's 538 MB outgrows most last-level caches, but a server CPU's can hold hundreds of MB (the VM the
-# recorded runs below come from has 300 MiB). A 1B model is where the regime stops being in doubt: Llama-3.2-1B's shape (16 layers, hidden 2048, a 128k vocabulary) reads 2.5 GB per step in bf16 and
-# 4.9 GB in fp32. `benchmarks/decode_mbu.py` builds it with random weights (a step's speed does not depend on
-# their values, and nothing is downloaded) and times one batch-1 step per decode lever of part 1, section 2b.
-# The prediction to test: on a CPU, where a step takes a tenth of a second or more, the few hundred ops
-# of the eager step cost little next to the bytes, so every lever should sit near the roof; on a GPU
-# reading at 4 TB/s the same step's bytes take about 0.6 ms, no longer than launching a few hundred ops one
-# by one from Python (microseconds each), so there the eager step should fall well short and the
-# CUDA-graph step should come close (the engine's goal is ≥ 60% of the measured bandwidth on a lent H200).
-# Every stored run, with where it ran:
+# A server CPU's last-level cache can hold hundreds of MB (the VM of the recorded runs below has 300 MiB).
+# Llama-3.2-1B's shape (16 layers, hidden 2048, a 128k vocabulary) reads 2.5 GB per step in bf16 and 4.9 GB in
+# fp32. `benchmarks/decode_mbu.py` builds it with random weights (nothing is downloaded) and times one batch-1
+# step per decode lever of part 1, section 2b. The prediction to test: on a CPU, where a step takes a tenth of
+# a second or more, the few hundred ops of the eager step cost little next to the bytes, so every lever should
+# sit near the roof; on a GPU reading at 4 TB/s the step's bytes take about 0.6 ms, no longer than launching a
+# few hundred ops one by one from Python, so the eager step should fall well short and the CUDA-graph step
+# come close (the engine's goal: ≥ 60% of the measured bandwidth on a lent H200). Every stored run, with where
+# it ran:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -420,10 +415,11 @@ if not any(run["gpu"] for run in mbu_runs):
 # %% [markdown]
 # ## 2 · "100 input tokens ≈ 1 output token" — on our engine
 #
-# *Claim* (Huyen, *AI Engineering*, ch. 9, citing Anyscale): for total latency, 100 input tokens weigh about as much as one
-# output token. *Predict from the roofline.* An output token costs a decode step (every weight matrix
-# streamed over the bandwidth); an input token costs its share of a compute-bound prefill (2 × params
-# FLOPs over the peak). The ratio is about (bytes per parameter / 2) × the ridge point — a property of the hardware:
+# *Claim* (Huyen, *AI Engineering*, ch. 9, citing Anyscale): for total latency, 100 input tokens weigh about
+# as much as one output token. *Predict from the roofline.* An output token costs a decode step (every weight
+# matrix streamed over the bandwidth); an input token costs its share of a compute-bound prefill (2 × params
+# FLOPs over the peak). The ratio is about (bytes per parameter / 2) × the ridge point — a property of the
+# hardware:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -437,8 +433,8 @@ for gpu in ("A100 80GB SXM", "H100 SXM", "H200 SXM"):
     )
 
 # %% [markdown]
-# Once realistic efficiencies are counted, datasheet GPUs land within about a factor of two of
-# Anyscale's 100. The ratio for this machine, from its measured ceilings:
+# Compare the efficiency-discounted figures with Anyscale's 100. The ratio for this machine, from its measured
+# ceilings:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -491,24 +487,21 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# *Explain the gap.* Our ratio and Anyscale's 100 answer the same question on very different machines.
-# On a CPU the roofline predicts a small ratio, because a CPU's compute and bandwidth are closer
-# together than a GPU's (a low ridge). The measured ratio comes out larger than that prediction for the
-# reason of part 1, section 2: each output token pays the per-step cost of a few hundred small ops, while
-# a prompt's tokens share one forward pass and pay it once. A compiled decode step would lower c and
-# move the ratio down toward the roofline; a larger model on a GPU would move both toward the datasheet
-# figures above. The rule of thumb is a statement about hardware, software and model together.
-# (Three numbers cannot describe everything: TTFT curves upward with length, and each decode step
-# gets a little slower as the context it attends to grows. The intercept a absorbs that curvature —
-# it need not be a physical cost, and can even come out negative — and the rms residual says how well
-# the plane fits.) The ratio is c ÷ b, and b is small: the whole input effect over the grid is printed
-# beside the residual, and where the two are comparable the ratio is poorly pinned, which is what its
-# bootstrap interval shows. Section 0's parts measure the same two costs directly — c is a lone
-# request's TPOT, b the slope of TTFT between a short and a long prompt — and the verdict says whether
-# the two estimates agree within the fit's interval. Quote the ratio with its interval, never alone.
+# *Explain the gap.* On a CPU the roofline predicts a small ratio: compute and bandwidth are closer together
+# than on a GPU (a low ridge). You should see the measured ratio come out larger than that prediction, for the
+# reason of part 1, section 2: each output token pays the per-step cost of a few hundred small ops, while a
+# prompt's tokens share one forward pass and pay it once. A compiled decode step would lower c and move the
+# ratio toward the roofline; a larger model on a GPU would move both toward the datasheet figures above. The
+# rule of thumb is a statement about hardware, software and model together.
 #
-# The same question for the real model, from section 0's SmolLM2 measurements: c is its batch-1 TPOT,
-# b the slope of its TTFT between the short and the long prompt (each further prompt token's cost):
+# The intercept a absorbs what the plane misses (TTFT curves upward with length; decode steps slow as the
+# context grows), so it can even come out negative; the rms residual says how well the plane fits. The ratio
+# is c ÷ b, and b is small: where the whole input effect over the grid is comparable to the residual, the
+# ratio is poorly pinned, as its bootstrap interval shows. Section 0's parts measure the two costs directly (c
+# is a lone request's TPOT, b the slope of TTFT between a short and a long prompt), and the verdict says
+# whether the two estimates agree within the fit's interval. Quote the ratio with its interval, never alone.
+#
+# The same question for SmolLM2, from section 0's measurements:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -525,28 +518,27 @@ if c_per_input > 0 and fit.ratio > 0:
         "the real model's ratio lies nearer its roofline than tiny-target's (less per-step overhead to pay)",
         abs(np.log(fit.ratio / ratio_roof)) / abs(np.log(c_ratio / c_ratio_roof)),
         at_least=1.0,
-        why_not="timing noise in the two TTFTs behind the slope, or the tiny model's grid fit absorbed its overhead",
+        why_not=f"tiny-target's ratio is {fit.ratio / ratio_roof:.1f}x its roofline's, SmolLM2's "
+        f"{c_ratio / c_ratio_roof:.1f}x (1.0x is the roofline's own)",
     )
 else:
     print("no verdict: a TTFT slope or the fit's b came out <= 0 in this run (a loaded machine); re-run section 0")
 
 # %% [markdown]
-# *Explain.* A decode step of SmolLM2 is mostly the weights streaming from DRAM, and a prompt token
-# mostly its share of compute-bound matmuls: the two costs the roofline divides. So its measured ratio
-# should sit close to the roofline's, where tiny-target's is inflated by the small ops every decode step
-# pays; the verdict says whether it did here. Both ratios are far below Anyscale's 100 because this CPU's
-# ridge point is low; on a GPU the same arithmetic with its ridge gives the datasheet figures above.
+# *Explain.* A decode step of SmolLM2 should be mostly its weights streaming from memory, and a prompt token
+# mostly its share of compute-bound matmuls: the two costs the roofline divides. So its ratio should sit
+# closer to its roofline than tiny-target's, which the small ops of every decode step inflate; the verdict
+# says whether it did here. Both should be far below Anyscale's 100, because this CPU's ridge point is low.
 #
 # ## 3 · Throughput vs latency as the batch grows; goodput
 #
-# *Claim* (Huyen, *AI Engineering*, ch. 9). Batching raises throughput (tokens/s over all users) but
-# costs latency; LinkedIn found that doubling or tripling throughput usually cost TTFT or TPOT
-# (`references.cite("linkedin_batching_tradeoff")`). **Goodput** counts only the requests that met
-# the SLO, per second.
+# *Claim* (Huyen, *AI Engineering*, ch. 9). Batching raises throughput (tokens/s over all users) but costs
+# latency; LinkedIn found that doubling or tripling throughput usually cost TTFT or TPOT
+# (`references.cite("linkedin_batching_tradeoff")`). **Goodput** counts only the requests that met the SLO,
+# per second.
 #
-# SmolLM2's batch sweep of section 0 already holds every request's trace. An SLO scaled to this machine —
-# a tight interactive product: first token within 4× and each later token within 2× of what a lone
-# request gets:
+# Section 0's SmolLM2 sweep holds every request's trace. An SLO scaled to this machine (a tight interactive
+# product): first token within 4×, each later token within 2× of a lone request's:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -640,32 +632,28 @@ else:
     print("every batch of the sweep met the SLO")
 
 # %% [markdown]
-# *Explain.* Throughput climbs with the batch because each step's weight reads are shared. The latency
-# cost of a *static* batch shows first in TTFT: every request's first token waits for the whole batch's
-# prompts to be prefilled, so TTFT grows about in step with the batch, while TPOT, a step streaming the
-# same weights for a few more rows, grows far more slowly (the printout gives both factors). Goodput follows
-# throughput only while the SLO holds, and the printout says which bound failed first. Read that with its
-# two assumptions: a TTFT bound of 4× a *lone* request's TTFT is crossed as soon as four prompts are
-# prefilled together, and static batching is what makes TTFT grow with the batch. So "goodput peaks at a
-# smaller batch than throughput" is here a property of this SLO and this scheduler, not a law: continuous
-# batching with chunked prefill (chapter 06) lets a newcomer's first token come out without waiting for a
-# whole batch's prompts, and a looser TTFT bound moves the peak. The printout above checks LinkedIn's
-# observation on this machine. The
-# "decode roof" column is the roofline's tokens/s, batch ÷ max(FLOPs ÷ peak, bytes ÷ bandwidth): it rises
-# in step with the batch while the weights dominate the bytes and flattens once the batch's FLOPs reach
-# this CPU's ridge (a few sequences in fp32, hundreds on a GPU in bf16), which is why a CPU gains far
-# less from batching than a GPU does.
+# *Explain.* Throughput should climb with the batch because each step's weight reads are shared. A *static*
+# batch's latency cost should show first in TTFT: every first token waits for the whole batch's prompts to be
+# prefilled, so TTFT should grow about in step with the batch, while TPOT (the same weights streamed for a few
+# more rows) grows far more slowly; the printout gives both factors, a check of LinkedIn's observation.
+# Goodput follows throughput only while the SLO holds, and the printout says which bound failed first. A TTFT
+# bound of 4× a *lone* request's TTFT is crossed once four prompts are prefilled together, so "goodput peaks
+# at a smaller batch than throughput" is a property of this SLO and this scheduler, not a law: continuous
+# batching with chunked prefill (chapter 06) lets a newcomer's first token out without waiting for a whole
+# batch's prompts, and a looser TTFT bound moves the peak. The "decode roof" column is the roofline's
+# tokens/s, batch ÷ max(FLOPs ÷ peak, bytes ÷ bandwidth): it rises in step with the batch while the weights
+# dominate the bytes, and flattens once the batch's FLOPs reach the ridge (a few sequences on a CPU in fp32,
+# hundreds on a GPU in bf16), which is why a CPU gains less from batching than a GPU.
 #
-# SmolLM2's engine was freed in section 0, once its numbers were taken; the sections below serve many
-# requests with the tiny model.
+# SmolLM2's engine was freed in section 0; the sections below serve many requests with the tiny model.
 
 # %% [markdown]
 # ## 4 · Online vs batch APIs
 #
-# *Claim* (Huyen, *AI Engineering*, ch. 9). Online APIs optimise latency; batch APIs optimise cost, through throughput. The
-# same requests (varied prompts, equal answer lengths), served three ways: one at a time on an idle
-# server (each request arrives when the previous one is done), one at a time after arriving together
-# (a burst), and as one batch.
+# *Claim* (Huyen, *AI Engineering*, ch. 9). Online APIs optimise latency; batch APIs optimise cost, through
+# throughput. The same requests (varied prompts, equal answer lengths), served three ways: one at a time on an
+# idle server (each arrives when the previous one is done), one at a time after arriving together (a burst),
+# and as one batch.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -708,20 +696,19 @@ print(
 )
 
 # %% [markdown]
-# *Explain.* One request alone on an idle server gets the lowest latency there is — the online
-# case. The batch shares every weight read among all requests, so it finishes all of them in a fraction
-# of the machine time: that is what a batch API sells cheaply, in exchange for answering later. The
-# burst shows the middle ground that real online servers live in: requests that arrive together wait
-# for each other, and then batching them shortens the tail a lot (and the median too, once the batch
-# is more than twice as fast as one-at-a-time service) — the idea behind the continuous batching of
-# chapter 06.
+# *Explain.* A lone request on an idle server gets the lowest latency: the online case. The batch shares every
+# weight read among all requests, so it should finish them in a fraction of the machine time: what a batch API
+# sells cheaply, in exchange for answering later. The burst is the middle ground real online servers live in:
+# requests that arrive together wait for each other, and batching them should shorten the tail (and the
+# median, once the batch is more than twice as fast as one-at-a-time service) — the idea behind chapter 06's
+# continuous batching.
 #
-# *Classic ML's batch predictions.* A recommender or a fraud model has a known, finite set of inputs
-# (every user, every product): it can score them all overnight in one large batch job and serve each
-# answer from a table in microseconds. That costs the batch price for every input, used or not, so it
-# pays when enough of the precomputed answers are asked for. An LLM's inputs are open-ended text: they
-# cannot be enumerated, so it must be served online (Huyen, *AI Engineering*, ch. 9), and only a batch API
-# over requests that already exist gets the batch price. The arithmetic, with the costs just measured:
+# *Classic ML's batch predictions.* A recommender or a fraud model has a known, finite set of inputs (every
+# user, every product): it can score them all overnight and serve each answer from a table in microseconds.
+# Every input is paid for, used or not, so that pays off only when enough answers are asked for. An LLM's
+# inputs are open-ended text that cannot be enumerated, so it must be served online (Huyen, *AI Engineering*,
+# ch. 9); only a batch API over requests that already exist gets the batch price. The arithmetic, with the
+# costs just measured:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -742,10 +729,10 @@ print(
 # ### Consistent lengths are easier to optimize
 #
 # *Claim* (Huyen, *AI Engineering*, ch. 9). A workload whose output lengths are consistent is easier to
-# optimize than one whose lengths vary. A static batch runs until its longest answer is done, and the
-# rows that finished early keep their slots (`serving.serve`, the waste chapter 06 removes). *Predict*:
-# two workloads with the same prompts and the same mean output length, one constant and one log-normal;
-# from the lengths alone, the share of the decode slots that do useful work:
+# optimize than one whose lengths vary. A static batch runs until its longest answer is done, and rows that
+# finished early keep their slots (`serving.serve`, the waste chapter 06 removes). *Predict*: two workloads
+# with the same prompts and the same mean output length, one constant and one log-normal; from the lengths
+# alone, the share of the decode slots that do useful work:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -777,20 +764,19 @@ consistent = batch_efficiency.consistent_is_faster(
 )
 
 # %% [markdown]
-# *Explain.* Same mean, same prompts, same engine: the variable workload's batches each wait for their
-# longest answer, so part of every step decodes rows nobody reads. The gain the lengths predict assumes a
-# padded row costs as much as a useful one; in a decode step dominated by streaming the weights (or, for
-# this small model, by per-op overhead) that is nearly true, so the verdict holds the measurement to half
-# that gain. Consistent lengths also make a batch's finishing time predictable, which is what schedulers
-# and SLOs need. Continuous batching (chapter 06) attacks the same waste from the other side: it refills a
-# finished row's slot at once, so the variance costs less.
+# *Explain.* The variable workload's batches each wait for their longest answer, so part of every step decodes
+# rows nobody reads. The gain the lengths predict assumes a padded row costs as much as a useful one, nearly
+# true when a step's cost is set by streaming the weights or by per-op overhead rather than by its rows, so
+# the verdict holds the measurement to half that gain. Consistent lengths also make a batch's finishing time
+# predictable, which schedulers and SLOs need. Continuous batching (chapter 06) attacks the same waste from
+# the other side: it refills a finished row's slot at once.
 #
 # ## 5 · "GPU utilization" is not MFU
 #
-# *Claim* (Huyen, *AI Engineering*, ch. 9). The "GPU utilization" that `nvidia-smi` reports is the share of time the GPU was
-# busy running *something* — a GPU doing 1 op/s of a possible 100 can show 100%. It says nothing about
-# FLOP/s or bytes/s. On a GPU we read it through NVML while decoding; everywhere we show the CPU's
-# analogue, the share of time this process kept its cores busy.
+# *Claim* (Huyen, *AI Engineering*, ch. 9). The "GPU utilization" that `nvidia-smi` reports is the share of
+# time the GPU was busy running *something* — a GPU doing 1 op/s of a possible 100 can show 100%. It says
+# nothing about FLOP/s or bytes/s. On a GPU we read it through NVML while decoding; everywhere we show the
+# CPU's analogue, the share of time this process kept its cores busy.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -838,25 +824,22 @@ print(f"two {n_long}-token prefills: busy {busy_pf.fraction:.0%}, MFU {pf_mfu:.1
 mfus_differ, busy_cannot_tell = utilization_checks.busy_blind(busy.fraction, busy_pf.fraction, cpu_mfu, pf_mfu)
 
 # %% [markdown]
-# *Explain.* On a CPU, "busy" next to an MFU of a few percent proves little by itself: OpenMP's worker
-# threads spin-wait between parallel regions, so any loop of torch ops keeps its cores near 100% busy. The
-# test that can fail is the comparison: a decode loop and a prefill loop whose MFUs differ many times,
-# and whether their busy shares tell them apart (on a GPU run, NVML's figure is printed above). Busy time
-# counts cycles spent dispatching ops, waiting on memory and spinning at thread barriers as "utilized". To
-# know how well the hardware is used, measure MFU for compute-bound work and MBU for bandwidth-bound
-# work; a dashboard's "utilization" answers a different question (is anything running?). And, as Huyen
-# adds, the goal is never the highest utilization but the fastest, cheapest service.
+# *Explain.* On a CPU, "busy" beside a low MFU proves little by itself: OpenMP's worker threads spin-wait
+# between parallel regions, so any loop of torch ops can keep its cores near 100% busy. The test that can fail
+# is the comparison: a decode loop and a prefill loop whose MFUs should differ several times (the first
+# verdict says by how much they did), and whether their busy shares tell them apart. Busy time counts
+# dispatching ops, waiting on memory and spinning as "utilized": measure MFU for compute-bound work and MBU
+# for bandwidth-bound work; "utilization" answers whether anything runs.
 #
 # ### Why training reaches a higher MFU than inference
 #
-# *Claim* (Huyen, *AI Engineering*, ch. 9). MFU is typically higher in training than in inference. The
-# roofline says why. A training step pushes a whole batch of tokens (here 16 sequences of 2,048)
-# through every weight, three times (forward, and two backward products: 6 FLOPs per parameter per
-# token), and reads the weights, gradients and optimizer state a few times per step. It also writes each
-# layer's activations in the forward pass and reads them back in the backward: about 34·D bytes per token
-# per layer in 16-bit without the attention matrix (Korthikanti et al., 2022), which at 32k tokens moves
-# more bytes than the weights and optimizer do. A decode step reads every weight for one token per
-# sequence. The bound each one allows on an H100, with and without the activation traffic:
+# *Claim* (Huyen, *AI Engineering*, ch. 9). MFU is typically higher in training than in inference. A training
+# step pushes a whole batch of tokens (here 16 sequences of 2,048) through every weight three times (forward
+# and two backward products: 6 FLOPs per parameter per token), and reads the weights, gradients and optimizer
+# state a few times per step. It also writes each layer's activations forward and reads them back backward:
+# about 34·D bytes per token per layer in 16-bit without the attention matrix (Korthikanti et al., 2022),
+# which at 32k tokens is more than the weights and optimizer move. A decode step reads every weight for one
+# token per sequence. The bound each one allows on an H100, with and without the activation traffic:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -868,15 +851,14 @@ print(infer_b)
 print(f"training's intensity (activations counted) is {train_b.intensity / infer_b.intensity:,.0f}x decode's")
 
 # %% [markdown]
-# Training sits far right of the ridge, so its MFU is limited by how well the kernels use the tensor
-# cores (section 1: above 50% is good). Decode at batch 1 sits far left, so its MFU cannot exceed
-# intensity ÷ ridge, whatever the kernels do. Batching, which raises decode's intensity, is the
-# inference answer, and part 1 showed what it costs in latency.
+# Training sits far right of the ridge, so its MFU is limited by how well the kernels use the tensor cores
+# (section 1: above 50% is good). Decode at batch 1 sits far left, so its MFU cannot exceed intensity ÷ ridge,
+# whatever the kernels do. Batching raises decode's intensity; part 1 showed what it costs in latency.
 #
 # ## 6 · Our engine vs Hugging Face `generate`
 #
-# A benchmark is only fair on the same model, inputs and machine, and only meaningful if both produce
-# the same tokens. First, token identity under greedy decoding:
+# A benchmark is fair only on the same model, inputs and machine, and meaningful only if both produce the same
+# tokens. First, token identity under greedy decoding:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -894,29 +876,34 @@ with torch.inference_mode():
 print(f"{len(ours.output_ids)} greedy tokens; engine == HF generate: {ours.output_ids == hf_out}")
 
 # %% [markdown]
-# Then decode speed. `engine_vs_hf` times N tokens minus 1 token for both, so the prefill and set-up
-# cancel and what remains is the decode loop. Two readings of the same time: MBU (every byte a step
-# must move, over the measured memory bandwidth) and the *effective weight bandwidth* (the bytes of
-# the weights a step multiplies by, over the step time), to set beside the machine's DRAM
-# bandwidth (chapter 00's STREAM-like triad). *Predict:* if a decode step were nothing but streaming the weights at full speed, the last
-# column would read 100%.
+# Then decode speed. `engine_vs_hf` times N tokens minus 1 token for both, so prefill and set-up cancel and
+# the decode loop remains. Two readings of the same time: MBU (every byte a step must move, over the measured
+# memory bandwidth) and the *effective weight bandwidth* (the weight bytes a step multiplies by, over the step
+# time), beside the machine's DRAM bandwidth (chapter 00's STREAM-like triad). *Predict:* if a decode step
+# were nothing but streaming the weights at full speed, the last column would read 100%.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+best = Engine(engine.hf_model, engine.tokenizer, device=DEV, dtype=DT)  # the engine as it comes: decode="auto"
 rows = engine_vs_hf(
-    engine, batches=course_lib.pick((1, 8), (1, 8, 64)), new_tokens=course_lib.pick(32, 128), bandwidth_bytes_per_s=BW
+    best, batches=course_lib.pick((1, 8), (1, 8, 64)), new_tokens=course_lib.pick(32, 128), bandwidth_bytes_per_s=BW
 )
+print(f"our engine as it comes: {best.decode_path}")
 print(format_rows(rows, stream_gbps=BW / 1e9))
+for r in rows:
+    if r.mbu_engine is not None and r.mbu_engine > 1 + prof.spread("triad"):
+        print(
+            f"batch {r.batch}: MBU {r.mbu_engine:.0%} is above DRAM's roof: the cache served the weights (section 0's regime line)"
+        )
 for r in rows:
     print(f"batch {r.batch}: HF spends {r.step_ms_hf - r.step_ms_engine:+.2f} ms per step more than our loop")
 
 # %% [markdown]
-# Where does our step's time go? The engine reaches every projection through one seam, a `Linear`
-# object with a `forward(x)` (`course_lib/engine/layers.py`). On a CPU the default is `SkinnyLinear`:
-# decode-shaped products of 1–4 rows go to the course's GEMV (`kernels.cpu_gemv`, where a C compiler
-# built it), 5–16 rows to oneDNN with the weight packed once into its blocked layout, everything else to
-# `F.linear`, the reference it is tested against. Swap the seam and time the
-# weights alone, then one whole step:
+# Where does our step's time go? The engine reaches every projection through one seam, a `Linear` object with
+# a `forward(x)` (`course_lib/engine/layers.py`). On a CPU the default is `SkinnyLinear`: decode-shaped
+# products of 1–4 rows go to the course's GEMV (`kernels.cpu_gemv`, where a C compiler built it), 5–16 rows to
+# oneDNN with the weight packed once into its blocked layout, everything else to `F.linear`, the reference it
+# is tested against. Swap the seam and time the weights alone, then one whole step:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -927,24 +914,26 @@ for name, eng in (("F.linear (reference)", ref_engine), (type(next(engine.model.
         f"{name:>22}: {mm1.median_s * 1e3:.2f} ms for the {len(profiling.matmul_weights(eng))} products of a "
         f"batch-1 step = {mm1.gbps:.1f} GB/s of weights ({mm1.gbps * 1e9 / BW:.0%} of the memory figure)"
     )
-step_ms = rows[0].step_ms_engine
+eager_step = dr.time_decode_steps(engine, batch=1, context_len=16, steps=course_lib.pick(8, 20), warmup=2)
+step_ms = eager_step.tpot_s * 1e3  # the reference step, whose products are the ones just timed
 print(
-    f"one whole engine step at batch 1: {step_ms:.2f} ms, of which the products above are "
+    f"one reference (eager) engine step at batch 1: {step_ms:.2f} ms, of which the products above are "
     f"{mm1.median_s * 1e3 / step_ms:.0%}; the rest is the ~{n_ops} other ops, sampling and bookkeeping"
 )
+print(f"the C step ({best.decode_path.split(';')[0]}) takes {rows[0].step_ms_engine:.2f} ms for all of it")
 
 # %% [markdown]
-# *Explain.* Both engines run the same weights; the differences are (1) which kernel streams them and
-# (2) what happens around the kernels each step. `generate` goes through the module tree with its
-# hooks, a general-purpose cache object and a chain of logits processors and stopping criteria, and
-# multiplies with torch's default matmul path. Our step does one forward over a flat batch, and its
-# linear seam picks a kernel made for skinny products. Which of the two effects dominates depends on
-# the model: for this small model the fixed per-op costs are a visible share of a step (the cell above
-# prints it). For a model whose weights do not fit in the cache you should see the products take most
-# of the step, so that only a kernel that streams faster helps: measure it with the course's benchmark,
+# *Explain.* Both engines run the same weights; the differences are (1) which kernel streams them and (2) what
+# happens around the kernels each step. `generate` goes through the module tree with its hooks, a
+# general-purpose cache object and chains of logits processors and stopping criteria, and torch's default
+# matmul path. Our step does one forward over a flat batch, and its linear seam picks a kernel made for skinny
+# products. Which effect dominates depends on the model: the cell above prints the products' share of this
+# small model's step. For a model whose weights outgrow the cache you should see the products take most of the
+# step, so only a kernel that streams faster helps: measure it with
 # `python benchmarks/engine_vs_hf.py --model bench-80m --profile` (random weights, several minutes on a
-# laptop). The gap between the last column and 100% is what is left: a kernel that reads
-# at the bandwidth roof, and fewer ops per step (compiling the step, or on a GPU a CUDA graph).
+# laptop). Where the last column is below 100%, the gap is what is left: a kernel that reads at the bandwidth
+# roof, and fewer ops per step (the C step, compiling the step, or on a GPU a CUDA graph); above 100%, the
+# weights came from the cache, not DRAM, and the column is not a utilization.
 #
 # ### Record the headline figures
 
@@ -996,8 +985,9 @@ print("recorded", ch)
 # Replace `None` with an expression; the check computes the expected value from `course_lib`.
 #
 # **Exercise 1.** The torchao README reports Llama-2-7B with int8 weight-only quantization at
-# 170.8 tok/s, batch 1, on an A100 (`references.cite("torchao_llama2_7b_int8wo_tok_s")`). Taking the A100 80GB SXM's datasheet bandwidth and counting every
-# parameter at 1 byte, what is the MBU (a fraction)? Compare it with gpt-fast's fp16 MBU in section 1.
+# 170.8 tok/s, batch 1, on an A100 (`references.cite("torchao_llama2_7b_int8wo_tok_s")`). Taking the
+# A100 80GB SXM's datasheet bandwidth and counting every parameter at 1 byte, what is the MBU (a
+# fraction)? Compare it with gpt-fast's fp16 MBU in section 1.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -1076,8 +1066,9 @@ ch02.check_remeasured_throughput(answer, engine, pool, batch=4, prompt_len=512, 
 # [run] = serving.tpot_sweep(engine, pool, [4], prompt_len=512, new_tokens=NEW)
 # answer = run.decode_tokens_per_s
 # ```
-# Lower than `runs[1].decode_tokens_per_s`, batch 4 with 64-token prompts: every decode step also reads each sequence's KV cache and attends
-# over it, and those bytes and FLOPs grow with the context, while the weights do not.
+# You should see it below `runs[1].decode_tokens_per_s` (batch 4, 64-token prompts): every decode step
+# also reads each sequence's KV cache and attends over it, and those bytes and FLOPs grow with the
+# context, while the weights do not.
 # </details>
 #
 # **Exercise 5 (your peaks).** With this machine's measured peaks (`PEAK` FLOP/s, `BW` bytes/s), what
@@ -1099,23 +1090,22 @@ ch02.check_ratio_on_this_machine(answer, peak_flops=PEAK, bandwidth=BW, model="t
 # ## Summary
 #
 # * **Throughput** (tokens/s, requests per minute) rises with batching at the cost of TTFT and TPOT
-#   (LinkedIn's 2–3×); **goodput** counts only requests within the **SLO**. Under static batching it can
-#   peak at a smaller batch than throughput, because TTFT grows with the batch; which bound fails first
-#   depends on the SLO (a TTFT bound of a few lone TTFTs fails first) and on the scheduler (chapter 06).
-#   **Online APIs** serve for latency, **batch APIs** for throughput and cost; classic ML can precompute
-#   every answer, an LLM's inputs cannot be enumerated. **Consistent lengths** are easier to batch: with
-#   the same mean, variance in the output length is padding in a static batch.
+#   (LinkedIn's 2–3×); **goodput** counts only requests within the **SLO**. Under static batching it can peak
+#   at a smaller batch than throughput, depending on the SLO and the scheduler (chapter 06). **Online APIs**
+#   serve for latency, **batch APIs** for throughput and cost; classic ML can precompute every answer, an
+#   LLM's inputs cannot be enumerated. **Consistent lengths** are easier to batch: at the same mean, length
+#   variance is padding in a static batch.
 # * **Utilization**: busy-time "GPU utilization" is not efficiency. **MFU** judges compute-bound prefill
-#   (Huyen's > 50% is against the theoretical peak; against a measured matmul peak the bar is near 100%),
-#   **MBU** = the bytes a step moves × steps/s ÷ bandwidth (at batch 1: params × bytes/param × tokens/s)
-#   judges bandwidth-bound decode. Utilization is not the goal: a batch-1 decode at a few percent MFU is
-#   well run when its MBU is high.
-#   Prefill's MFU is higher than decode's, as Huyen says, and training's is higher still: a training
-#   step reuses every weight across a whole batch of tokens. For a small, cache-resident model the
-#   per-op overhead keeps decode's MFU and MBU low — the motivation for compiled decode steps later in the
-#   course; a model many times larger than the cache (SmolLM2) is judged by its MBU against DRAM.
+#   (Huyen's > 50% is against the theoretical peak; against a measured matmul peak this chapter's bar is
+#   ≥ 80%, and a rate above that peak is a probe error), **MBU** = the bytes a step moves × steps/s ÷
+#   bandwidth (at batch 1: params × bytes/param × tokens/s) judges bandwidth-bound decode. Utilization is not
+#   the goal: a batch-1 decode at a few percent MFU is well run when its MBU is high. By Huyen, prefill's MFU
+#   beats decode's and training's is higher still: a training step reuses every weight across a whole batch of
+#   tokens. For a small model the cache may hold, per-op overhead can keep decode's MFU and MBU low — the
+#   motivation for compiled decode steps later in the course; a model larger than the cache is judged by its
+#   MBU against DRAM.
 # * **Anyscale's "100 input tokens ≈ 1 output token"** is (bytes per parameter ÷ 2) × the ridge point,
-#   discounted by real efficiencies — a GPU figure. On a CPU the ridge is low and each decode step
-#   pays a fixed cost for its few hundred small ops, so the measured ratio is our own.
-# * A fair engine benchmark runs the same model, inputs and machine, and checks the tokens are
-#   identical before it compares speed.
+#   discounted by real efficiencies — a GPU figure. On a CPU the ridge is low and each decode step pays a
+#   fixed cost for its few hundred small ops, so measure the ratio on your own machine.
+# * A fair engine benchmark runs the same model, inputs and machine, and checks the tokens are identical
+#   before it compares speed.

@@ -53,6 +53,20 @@ def server(engine, refs):
         yield handle
 
 
+@pytest.fixture
+def slow_engine(engine, monkeypatch):
+    """The engine with every step held 5 ms longer: a test of aborts needs a request still running when the
+    client gives up, whatever the machine (the default C decode step runs tiny-target's 400 tokens in ~0.2 s)."""
+    real = engine.step
+
+    def step(*args, **kwargs):
+        time.sleep(0.005)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "step", step)
+    return engine
+
+
 def sse(lines) -> list:
     """The data payloads of a server-sent event stream: dicts, and the final "[DONE]"."""
     out = []
@@ -265,9 +279,12 @@ def test_burst_above_the_queue_gets_429_and_every_request_is_accounted(engine, r
         assert kv_idle(h)
 
 
-def test_client_disconnect_aborts_and_frees_kv(server, refs):
+def test_client_disconnect_aborts_and_frees_kv(slow_engine, refs):
     body = {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
-    with httpx.Client(base_url=server.url, timeout=60) as c:
+    with (
+        serve(slow_engine, max_queue=8, request_timeout_s=30) as server,
+        httpx.Client(base_url=server.url, timeout=60) as c,
+    ):
         with c.stream("POST", "/v1/completions", json=body) as r:
             lines, seen = r.iter_lines(), 0  # keep the iterator: dropping it would close the connection
             for line in lines:
@@ -289,9 +306,9 @@ def test_client_disconnect_aborts_and_frees_kv(server, refs):
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == refs["text"]
 
 
-def test_timeout_aborts_the_request(engine):
+def test_timeout_aborts_the_request(slow_engine):
     body = {"prompt": PROMPT, "max_tokens": 500, "temperature": 0, "ignore_eos": True}
-    with serve(engine, request_timeout_s=0.5) as h, httpx.Client(base_url=h.url, timeout=60) as c:
+    with serve(slow_engine, request_timeout_s=0.5) as h, httpx.Client(base_url=h.url, timeout=60) as c:
         r = c.post("/v1/completions", json=body)
         assert r.status_code == 504 and "timed out" in r.json()["error"]["message"]
         with c.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:

@@ -232,7 +232,7 @@ class MachineProfile:
         """A working set that DRAM, not the cache, serves: 4x the LLC (at least 256 MiB), within
         ``budget`` bytes (default: a quarter of the memory available now)."""
         want = max(256 * 2**20, 4 * (self.llc or 0))
-        cap = _available_bytes() / 4 if budget is None else budget
+        cap = available_bytes() / 4 if budget is None else budget
         return int(min(want, cap)) if cap else int(want)
 
     def utilization(
@@ -257,13 +257,22 @@ class MachineProfile:
         return f"{name}: {value:,.4g}{unit} here, {profiled:,.4g}{unit} in profile {self.key} ({d:+.0%} drift)"
 
 
-def _available_bytes() -> float:
+def available_bytes() -> float:
+    """Memory available now (psutil), in bytes; 0.0 where it cannot be read."""
     try:
         import psutil
 
         return float(psutil.virtual_memory().available)
     except Exception:  # noqa: BLE001
         return 0.0
+
+
+def stream_array_bytes(llc: int | None, available: float = 0.0) -> int:
+    """Bytes of one STREAM array in the profile: STREAM's own rule, 4x the last-level cache (32 MiB assumed
+    where unknown), at least 64 MiB, and within an eighth of ``available`` memory when that is known (a
+    300 MiB LLC would otherwise ask for 3.6 GB of arrays on a Binder box of 2 GB)."""
+    array = max(4 * (llc or 32 * 2**20), 64 * 2**20)
+    return max(16 * 2**20, min(array, int(available / 8))) if available else array
 
 
 def fingerprint(device: str | None = None) -> dict[str, object]:
@@ -348,10 +357,7 @@ def _measure(kind: str, key: str) -> MachineProfile:
     saved = torch.get_num_threads()
     all_t = physical_cores() if kind == "cpu" else 1
     counts = {"1": 1, "all": all_t} if kind == "cpu" and all_t > 1 else {"all": all_t}
-    array = max(4 * (llc or 32 * 2**20), 64 * 2**20)
-    avail = _available_bytes()
-    if kind == "cpu" and avail:
-        array = max(16 * 2**20, min(array, int(avail / 8)))
+    array = stream_array_bytes(llc, available_bytes() if kind == "cpu" else 0.0)
     stream: dict[str, dict[str, list[float]]] = {"copy": {}, "triad": {}}
     matmul: dict[str, dict[str, list[float]]] = {}
     sizes: dict[str, int] = {}

@@ -120,7 +120,11 @@ def dispatch_is_most(split: StepSplit) -> Verdict:
         "op dispatch (the step's ops x the cost of an empty op) is most of the step (>= half)",
         split.dispatch_s / split.step_s,
         at_least=0.5,
-        why_not="each op does real work on its small tensors: several times an empty op's cost",
+        why_not=(
+            f"dispatch is {split.dispatch_s / split.step_s:.0%} of the step, the matmuls "
+            f"{split.matmul_s / split.step_s:.0%} and the ops' own work {split.other_s / split.step_s:.0%}: "
+            f"a non-matmul op costs {split.per_other_op_s / split.empty_op_s:.1f}x an empty op here"
+        ),
     )
 
 
