@@ -82,7 +82,7 @@ from course_lib.core.dtypes import torch_dtype
 from course_lib.kernels import intensity as ik
 from course_lib.kernels import interpreter_on
 from course_lib.measure import bench, costs, hardware, plots, profiling, references
-from course_lib.measure.claims import claim, compare_prediction
+from course_lib.measure.claims import claim, compare_prediction, relative_spread
 from course_lib.measure.report import record
 from course_lib.measure.roofline import Point, Roof
 from course_lib.models import accounting
@@ -223,6 +223,7 @@ gemm_on_roof = claim(
     f"the m={ms[-1]} GEMM reaches the flat roof (half the measured matmul peak or more)",
     gemm.gflops * 1e9 / roof.peak_flops,
     at_least=0.5,
+    spread=relative_spread(gemm.samples_s),
     why_not=f"at m={ms[-1]} it ran at {gemm.gflops:.0f} GFLOP/s; the peak was set by a "
     f"{prof.matmul_n.get(DT, 0)}-cubed matmul at {roof.peak_flops / 1e9:.0f}",
 )
