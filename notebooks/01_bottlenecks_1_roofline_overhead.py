@@ -435,8 +435,8 @@ else:  # the GPU sweep ran the fused Triton kernel: one launch, no chain of torc
 # times their cost. That is why production engines fuse ops into one kernel (a Triton kernel, as on the
 # GPU path here; `torch.compile`) and, on a GPU, replay a whole decode step as one CUDA graph: they remove
 # ops, not FLOPs or bytes. Chapter 02 counts the ops of one decode step of the course's engine,
-# multiplies the count by a per-op cost measured the same way (with ops that allocate their output, which
-# chapter 02 times beside this in-place pair: allocation can cost several times as much), and sets that
+# multiplies the count by a per-op cost (the profile's: a one-element add that allocates its output, which
+# costs more than this in-place pair), and sets that
 # product beside the roofline's floor. Neither is *the* floor: a step cannot beat the larger of the two,
 # and which one is larger depends on the model and the machine.
 
@@ -481,8 +481,8 @@ ch01.check_gemv_intensity(answer, n=4096, dtype="fp16")
 # * A GEMV does about one multiply-add per weight read, a GEMM reuses each weight across rows: the same
 #   weights, many times apart in FLOP/s (section 2 printed the ratio on this machine).
 # * A third regime sits beside the two: **overhead-bound**. An op that moves less than (per-op cost ×
-#   bandwidth) bytes costs the same whatever its size; small models and unfused elementwise chains live
-#   there, and the cure is fewer ops (fusion, compiled steps, CUDA graphs), not fewer FLOPs or bytes.
+#   bandwidth) bytes costs about the same whatever its size; small models and short unfused elementwise
+#   chains live there, and the cure is fewer ops (fusion, compiled steps, CUDA graphs), not fewer FLOPs or bytes.
 #
 # Next, part 2 (`01_bottlenecks_2_prefill_decode.ipynb`) puts a transformer's prefill and decode on
 # the roofline, on random weights and on SmolLM2-135M, and places both on real GPUs.

@@ -339,8 +339,8 @@ for rows, where in ((here_rows, "on this machine"), (list(vs_rec), where_rec)):
 # *Explain the gap.* From a few hundred tokens on, the weight matmuls are (tokens × 576) by (576 × 1,536)
 # products, wide enough to keep the vector units fed, so the FLOPs should predict the TTFT (the "bound"
 # column). The shortest prompts fall below the roof: a 16-row product cannot fill the FMA pipelines, and
-# a forward pass's fixed cost (hundreds of ops, KV writes, sampling) is a visible share of a few
-# milliseconds. At the longest prompts attention's small per-head products carry a growing share of the
+# a forward pass's fixed cost (hundreds of ops, KV writes, sampling) is a visible share of the shortest
+# prefill. At the longest prompts attention's small per-head products carry a growing share of the
 # FLOPs, at a lower rate than the weight matmuls the peak was measured on: that bends a measured curve
 # above its line, if it bends. The verdicts say how it went here.
 #
@@ -436,8 +436,9 @@ plt.show()
 # sit near the bandwidth floor (the verdict says how near); the short chat's KV cache adds little. The
 # printed p99 and maximum say how much slower the slowest steps were. A decode step changes from one token
 # to the next only by one more key, so a slow step is the machine's doing (other jobs): ITL percentiles
-# show it, the TPOT, a mean, hides it. A prompt of a few dozen tokens should cost a TTFT of a few decode
-# steps' worth.
+# show it, the TPOT, a mean, hides it. How many decode steps a prompt of a few dozen tokens costs is
+# TTFT ÷ TPOT from the line above: prefill's FLOPs over the matmul peak against decode's bytes over
+# bandwidth.
 #
 # The engine's TTFT starts when the token ids reach it. A user's starts earlier: the text is tokenized
 # (with the chat template), may wait in a queue (part 2, section 4), and crosses a network. The
@@ -557,6 +558,7 @@ print(
 print(
     f"  its {len(profiling.matmul_weights(engine))} matmuls alone: the weights streamed at {mm[b1].gbps:.1f} GB/s "
     f"= {mm[b1].gbps * 1e9 / BW:.0%} of the DRAM figure, {mm[b1].gbps * 1e9 / cache_bw:.0%} of the cache figure"
+    + (" (above DRAM: the cache served them)" if mm[b1].gbps * 1e9 > BW * (1 + prof.spread("triad")) else "")
 )
 print("  " + split1.describe())
 dispatch_most = latency_checks.dispatch_is_most(split1)
@@ -656,10 +658,10 @@ else:
 # With the weights read once for everyone, the step should grow no faster than the roofline + dispatch
 # line; the verdicts say whether it did. Where it jumped, the split says which part: past
 # `max_packed_rows` the seam switches kernel, and the kernel-switch verdict says whether that kernel, not
-# the per-sequence work, is what the larger batch paid for (`linear="packed"`, which SmolLM2's engine
-# uses, packs for more rows). Beside section 1b (the batch-1 line prints both ratios): a model streaming
+# the per-sequence work, is what the larger batch paid for (`linear="packed"` packs for every row count). Beside section 1b (the batch-1 line prints both ratios): a model streaming
 # 538 MB per step should sit near its bandwidth floor, a small one a multiple above it; the regime is set
-# by the model's size against the machine's per-op cost and bandwidth, not by the engine.
+# by the model's size, the machine's per-op cost and bandwidth, and the engine's decode path (the lever
+# table of section 2b shows how far the path moves it).
 #
 # ## 2b · What each lever against the per-op cost buys
 #
@@ -730,11 +732,15 @@ ref_t = by["tiny-target", "eager"]
 fused_fewer = step_levers.fewer_ops(ref_t, by["tiny-target", "fused"], factor=1.1)
 fused_faster = step_levers.faster(ref_t, by["tiny-target", "fused"])
 best = max((r for r in levers + rec_levers if r.model == "tiny-target"), key=lambda r: r.vs_hf or 0)
-goal_3x = step_levers.hf_goal(best)
-print(f"(the {best.lever} row is {'measured in this run' if best in levers else 'recorded'})")
+rec_where = f"in the recorded run ({rec_prov['date']}, {rec_prov['machine'].split(',')[0]})"
+goal_3x = step_levers.hf_goal(best, where="on this machine" if best in levers else rec_where)
 comp = by["tiny-target", "compiled"]
 same_run = levers if comp in levers else rec_all  # compare the compiled step with the eager one of its own run
-comp_fewer = step_levers.fewer_ops(next(r for r in same_run if r.model == comp.model and r.lever == "eager"), comp)
+comp_fewer = step_levers.fewer_ops(
+    next(r for r in same_run if r.model == comp.model and r.lever == "eager"),
+    comp,
+    where="on this machine" if comp in levers else rec_where,
+)
 if ("tiny-target", "native") in by:
     native_fewer = step_levers.fewer_ops(ref_t, by["tiny-target", "native"], factor=10)
     native_faster = step_levers.faster(ref_t, by["tiny-target", "native"])

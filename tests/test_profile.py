@@ -168,3 +168,14 @@ def test_no_notebook_measures_peaks_except_through_the_profile():
                 assert "n_bytes" in m.group(1), f"{src.name}: a DRAM triad re-measured without a size"
                 if "stream_array_bytes" in m.group(1):
                     assert ".drift(" in code, f"{src.name}: the roof re-measured without its drift"
+
+
+def test_a_noisy_profile_is_measured_again_and_said_so(measured, monkeypatch):
+    noisy = _fake_profile(matmul={"fp32": {"1": [0.1, 0.02], "all": [0.15, 0.28]}})
+    calm = _fake_profile()
+    runs = iter([noisy, calm])
+    monkeypatch.setattr(P, "_measure", lambda kind, key: next(runs))
+    prof = P.machine_profile("cpu", refresh=True)
+    assert prof.matmul["fp32"]["all"] == [0.2, 0.03]  # the faster, calmer second run was kept
+    assert P.noisiest(noisy) == ("fp32 at all threads", 0.28)
+    assert "NOISY: fp32 at all threads ±28%" in noisy.line(2) and "NOISY" not in calm.line(2)

@@ -158,13 +158,14 @@ def lever_rows(
     return [measure_lever(engine, lv, name, context, steps, repeats, hf) for lv in levers]
 
 
-def fewer_ops(ref: LeverRow, row: LeverRow, factor: float = 2.0):
-    """Verdict: ``row``'s step dispatches at least ``factor``× fewer ops than ``ref``'s."""
+def fewer_ops(ref: LeverRow, row: LeverRow, factor: float = 2.0, where: str = "on this machine"):
+    """Verdict: ``row``'s step dispatches at least ``factor``× fewer ops than ``ref``'s (``where``: whose run)."""
     return claim(
         f"{row.model}: the {row.lever} step dispatches at least {factor:g}x fewer ops than {ref.lever} "
         f"({row.ops} vs {ref.ops})",
         ref.ops / max(row.ops, 1),
         at_least=factor,
+        where=where,
         why_not=f"it removed {ref.ops - row.ops} of {ref.ops} ops: the rest are still dispatched one by one",
     )
 
@@ -184,7 +185,7 @@ def faster(ref: LeverRow, row: LeverRow):
     )
 
 
-def hf_goal(row: LeverRow, goal: float = 3.0):
+def hf_goal(row: LeverRow, goal: float = 3.0, where: str = "on this machine"):
     """Verdict against the issue's goal: the engine's decode at batch 1 ≥ ``goal``× HF ``generate``."""
     if row.vs_hf is None:
         raise ValueError(f"row {row.model}/{row.lever} has no vs_hf ratio: measure it with hf_step_s")
@@ -193,6 +194,7 @@ def hf_goal(row: LeverRow, goal: float = 3.0):
         row.vs_hf,
         at_least=goal,
         spread=row.spread,
+        where=where,
         why_not=f"its step dispatches {row.ops} torch ops and takes {row.step_us:.0f} µs",
     )
 

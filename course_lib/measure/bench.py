@@ -122,7 +122,12 @@ class Timing:
 
         def pct(measured: float | None, datasheet: float | None) -> str:
             parts = [
-                f"{measured:.0f}% of measured peak" if measured is not None else "",
+                (
+                    f"{measured:.0f}% of measured peak"
+                    + (": above it, a probe error or a cache" if measured > 100 else "")
+                )
+                if measured is not None
+                else "",
                 f"{datasheet:.0f}% of datasheet" if datasheet is not None else "",
             ]
             parts = [p for p in parts if p]

@@ -219,6 +219,9 @@ class MachineProfile:
         tail = f" · decode: {self.decode}" if self.decode else ""
         tail += f" · kernels: {self.kernels}" if self.kernels else ""
         when = "cached" if self.from_cache else "just measured"
+        worst, sp = noisiest(self)
+        if sp > NOISY:
+            tail += f" · NOISY: {worst} ±{sp:.0%}, re-measure on an idle machine (profile(refresh=True))"
         return (
             f"profile {self.key} · {self.device}, {n} thread{'s' * (n > 1)} · {mm} · STREAM triad {st[0]:.1f} GB/s "
             f"±{st[1]:.0%} · {llc} · {clock}{os_clock} · per-op {self.per_op_us:.2f} µs{tail} · {when} {self.measured_at[:16].replace('T', ' ')}"
@@ -408,6 +411,20 @@ def _measure(kind: str, key: str) -> MachineProfile:
     )
 
 
+NOISY = 0.15  # a peak whose repeats spread more than ±15% was measured while something else ran
+
+
+def noisiest(prof: MachineProfile) -> tuple[str, float]:
+    """(which peak, its spread) of the profile's widest spread, at any thread count."""
+    spreads = [
+        (f"{name} at {t} thread{'s' * (t != '1')}", v[1])
+        for table in (prof.matmul, prof.stream)
+        for name, per in table.items()
+        for t, v in per.items()
+    ]
+    return max(spreads, key=lambda kv: kv[1])
+
+
 def machine_profile(device: str | None = None, *, refresh: bool = False) -> MachineProfile:
     """This machine's profile: from this process, else from ``profile_path()`` if an entry has this
     machine's key (``fingerprint``), else measured now (about 10 s on a 2-core CPU) and stored. A missing,
@@ -418,6 +435,11 @@ def machine_profile(device: str | None = None, *, refresh: bool = False) -> Mach
     prof = None if refresh else _MEMO.get(key) or _from_entry(_read().get(key))
     if prof is None:
         prof = _measure(kind, key)
+        if noisiest(prof)[1] > NOISY:  # a busy minute: measure once more and keep the faster of the two
+            again = _measure(kind, key)
+            dt = next(iter(prof.matmul))
+            gain = again.peak_flops(dt, 2) / prof.peak_flops(dt, 2) + again.bandwidth(2) / prof.bandwidth(2)
+            prof = again if gain > 2 else prof
         _write(prof)
     _MEMO[key] = prof
     remember_peaks(kind, prof.peaks())

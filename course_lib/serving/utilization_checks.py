@@ -77,14 +77,15 @@ def mfu_good_theoretical(mfu_theoretical: float) -> Verdict:
     )
 
 
-def mfu_near_measured(mfu_measured: float, spread=None) -> Verdict:
-    """The measured peak's own bar: the prefill runs within 20% of this machine's best square matmul."""
+def mfu_near_measured(mfu_measured: float, spread=None, why_not: str = "") -> Verdict:
+    """The measured peak's own bar: the prefill runs within 20% of this machine's best square matmul.
+    ``why_not``: a reason computed from the run (none is printed without one)."""
     return claim(
         "prefill runs as fast as this machine's best matmul (>= 80% of the measured matmul peak)",
         mfu_measured,
         at_least=0.8,
         spread=spread,
-        why_not="attention's small per-head products or the non-matmul ops run below the square matmul's rate",
+        why_not=why_not,
     )
 
 
