@@ -95,6 +95,10 @@ CUDA = torch.cuda.is_available()
 if not CUDA:
     torch.set_num_threads(1)  # one engine thread: steadier timings on a shared CPU
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
+from course_lib.machine import profile as machine_profile
+
+prof = machine_profile()  # this machine's profile: measured once (chapter 00), loaded by every chapter
+print(prof.line())
 ch = "08_system_1_context_guardrails_gateway"
 # One engine for the whole chapter: a small KV pool (4 sequences of at most 768 tokens, 46 KB per token in
 # fp32) and a 256-token step budget keep the process far below Binder's memory limit.

@@ -94,6 +94,10 @@ CUDA = torch.cuda.is_available()
 if not CUDA:
     torch.set_num_threads(1)  # one engine thread: steadier timings on a shared CPU
 print(f"device {hardware.detect_device().describe()}; mode {course_lib.mode()}")
+from course_lib.machine import profile as machine_profile
+
+prof = machine_profile()  # this machine's profile: measured once (chapter 00), loaded by every chapter
+print(prof.line())
 ch = "08_system_2_agents_observability_feedback"
 memory.return_large_blocks()  # freed tensors of a MB or more go back to the OS (RSS = memory in use)
 # One engine for sections 6-8: a small KV pool (3 sequences of at most 512 tokens in quick mode, 46 KB per token

@@ -158,7 +158,7 @@ def test_no_notebook_measures_peaks_except_through_the_profile():
     for src in sorted(root.glob("[0-9][0-9]_*.py")):
         text = src.read_text()
         cells = re.split(r"^# %%.*$", text, flags=re.M)
-        assert "machine_profile(" in text or src.name.startswith("08_"), f"{src.name} does not load the profile"
+        assert "machine_profile(" in text, f"{src.name} does not load the profile"
         for cell in cells:
             code = "\n".join(ln for ln in cell.splitlines() if not ln.lstrip().startswith("#"))
             if src.name.startswith("00_") and ".drift(" in code:
