@@ -181,6 +181,8 @@ def measured_peaks(device: str | None = None, *, refresh: bool = False) -> Measu
 
 
 def machine_peaks(device: str | None = None, *, refresh: bool = False) -> MeasuredPeaks:
-    """This machine's measured peaks, measured once and shared by every chapter (see ``measured_peaks``):
-    ``peaks = microbench.machine_peaks(); print(peaks.provenance)``."""
+    """This machine's measured peaks (see ``measured_peaks``), for library code that needs a roof. The
+    chapters read the machine profile instead (``course_lib.machine.profile()``: the same peaks with their
+    spreads, at 1 and all threads, and the rest of the machine); loading the profile makes its peaks the ones
+    this function returns in that process."""
     return measured_peaks(device, refresh=refresh)
