@@ -351,6 +351,9 @@ if theory_fp32:
         if theory_bf16
         else f"no bf16 ceiling: {bf16_how}"
     )
+
+# %%
+# NBVAL_IGNORE_OUTPUT
 c_prefill_rate = accounting.prefill_flops(cshape, c_long) / c_ttft[c_long]
 two = utilization_checks.mfu_two_peaks(c_prefill_rate, PEAK, theory_fp32)
 print(f"SmolLM2 prefill at {c_long} tokens: {c_prefill_rate / 1e9:.0f} GFLOP/s")
@@ -575,6 +578,9 @@ for b, s in sums.items():
         f"{s.requests_per_min / 60:>8.1f}{s.goodput_rps:>9.2f}{s.slo_attainment:>6.0%}"
         f"{misses[b][0]:>10}/{misses[b][1]}"
     )
+
+# %%
+# NBVAL_IGNORE_OUTPUT
 dec_ratio = c_runs[-1].decode_tokens_per_s / c_runs[0].decode_tokens_per_s
 out_ratio = sums[c_runs[-1].batch].output_tokens_per_s / sums[c_runs[0].batch].output_tokens_per_s
 print(
