@@ -302,14 +302,11 @@ for cost in (costs.copy_cost(1), costs.triad_cost(1)):
         f"{cost.name:<6} per fp32 element: {cost.bytes:g} bytes, {cost.flops:g} FLOPs, "
         f"intensity {cost.intensity:.3f} FLOP/byte"
     )
-from course_lib.measure import profile as machine_profile_rules
-
-n_bytes = machine_profile_rules.stream_array_bytes(device.cache_bytes, machine_profile_rules.available_bytes())
+avail = microbench.available_bytes()
+n_bytes = microbench.stream_array_bytes(device.cache_bytes, int(avail / 8) if avail else None)  # the profile's rule
 llc = device.cache_bytes
 if llc:
-    print(
-        f"array size: {n_bytes / 2**20:.0f} MiB each;", machine_profile_rules.regime(3 * n_bytes, llc, "three arrays")
-    )
+    print(f"array size: {n_bytes / 2**20:.0f} MiB each;", hardware.cache_regime(3 * n_bytes, llc, "three arrays"))
 else:
     print(
         f"array size: {n_bytes / 2**20:.0f} MiB each (last-level cache size unknown here: large enough for most CPUs)"

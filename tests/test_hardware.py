@@ -337,10 +337,12 @@ def test_cache_regime_is_computed_from_the_llc():
     from course_lib.measure.hardware import cache_regime
 
     mib = 2**20
-    assert "streams them from DRAM" in cache_regime(540e6, 32 * mib) and "16.1x" in cache_regime(540e6, 32 * mib)
-    assert "most of each pass's reads come from DRAM" in cache_regime(540e6, 300 * mib)  # 1.7x
-    assert "can stay in the cache" in cache_regime(100e6, 300 * mib)  # int4 SmolLM2 on a 300 MiB LLC
-    assert cache_regime(1.0, 0) == "last-level cache size unknown"
+    assert "streamed from DRAM on every pass" in cache_regime(540e6, 32 * mib) and "16.1x" in cache_regime(
+        540e6, 32 * mib
+    )
+    assert "most of every pass comes from DRAM" in cache_regime(540e6, 300 * mib)  # 1.7x
+    assert "fits the cache" in cache_regime(100e6, 300 * mib)  # int4 SmolLM2 on a 300 MiB LLC
+    assert "last-level cache size is unknown" in cache_regime(1.0, 0)
     with pytest.raises(ValueError, match="n_bytes must be a number >= 0"):
         cache_regime(-1, 32 * mib)
 

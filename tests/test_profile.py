@@ -179,3 +179,19 @@ def test_a_noisy_profile_is_measured_again_and_said_so(measured, monkeypatch):
     assert prof.matmul["fp32"]["all"] == [0.2, 0.03]  # the faster, calmer second run was kept
     assert P.noisiest(noisy) == ("fp32 at all threads", 0.28)
     assert "NOISY: fp32 at all threads ±28%" in noisy.line(2) and "NOISY" not in calm.line(2)
+
+
+def test_bad_input_is_named():
+    from course_lib.measure import microbench
+
+    prof = _fake_profile()
+    with pytest.raises(ValueError, match="rate"):
+        prof.utilization(float("nan"), flops=True)
+    with pytest.raises(ValueError, match="value"):
+        prof.drift("triad", -1.0, 24.0)
+    with pytest.raises(ValueError, match="llc"):
+        microbench.stream_array_bytes(-5, None)
+    mib = 2**20
+    assert microbench.stream_array_bytes(300 * mib, None) == 1200 * mib  # STREAM's 4x rule
+    assert microbench.stream_array_bytes(300 * mib, 100 * mib) == 100 * mib  # within the memory cap
+    assert microbench.stream_array_bytes(None, 1 * mib) == 16 * mib  # never below 16 MiB

@@ -31,28 +31,44 @@ def matmul_dtypes(device: str | None = None, *, info: DeviceInfo | None = None) 
     return ("fp16", "bf16", "fp32") if info.supports_bf16 else ("fp16", "fp32")
 
 
-def _memory_cap(share: float) -> int | None:
-    """``share`` of the memory available now (psutil), or None where it cannot be read."""
+def available_bytes() -> float:
+    """Memory available now (psutil), in bytes; 0.0 where it cannot be read."""
     try:
         import psutil
 
-        return int(psutil.virtual_memory().available * share)
-    except Exception:  # noqa: BLE001  (no psutil, or no /proc): no cap
-        return None
+        return float(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001  (no psutil, or no /proc): unknown
+        return 0.0
+
+
+def _memory_cap(share: float) -> int | None:
+    """``share`` of the memory available now, or None where it cannot be read."""
+    avail = available_bytes()
+    return int(avail * share) if avail else None
+
+
+def stream_array_bytes(llc: int | None, cap: int | None, llc_multiple: int = 4, floor: int = 64 * 2**20) -> int:
+    """One STREAM array: ``llc_multiple`` x the last-level cache (32 MiB assumed where unknown), at least
+    ``floor``, and within ``cap`` bytes (an eighth of the available memory; None: no cap) but never below
+    16 MiB. STREAM's own rule is 4x; a 300 MiB LLC (a Sapphire Rapids VM) asked for 1.2 GB arrays, a 4 GB
+    peak in chapter 00 (Binder has 1-2 GB), hence the cap. The machine profile and ``default_array_bytes``
+    both size their arrays here."""
+    for name, v in (("llc", llc), ("cap", cap)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ValueError(f"{name} must be an int of bytes >= 0 or None (unknown), got {v!r}")
+    check_positive_int("llc_multiple", llc_multiple)
+    want = max(llc_multiple * (llc or 32 * 2**20), floor)
+    return want if cap is None else max(16 * 2**20, min(want, cap))
 
 
 def default_array_bytes(device: str | None = None) -> int:
     """STREAM array size, so that a pass cannot be served from the last-level cache: in full mode STREAM's
     own rule, each array at least 4x the LLC; in quick mode 1x (a triad's three arrays then span 3x the
-    LLC, and a cache keeps none of a cyclic read bigger than itself). On a CPU the arrays also stay within
-    an eighth of the memory available each: a 300 MiB LLC (a Sapphire Rapids VM) made 1.2 GB arrays, a
-    4 GB peak in chapter 00 (Binder has 1-2 GB)."""
+    LLC, and a cache keeps none of a cyclic read bigger than itself); ``stream_array_bytes`` sizes it."""
     info = detect_device(resolve_kind(device))
-    llc = info.cache_bytes or 32 * 2**20
-    floor = pick(64 * 2**20, 256 * 2**20) if info.kind == "cpu" else pick(256 * 2**20, 2**30)
-    want = max(pick(1, 4) * llc, floor)
-    cap = _memory_cap(1 / 8) if info.kind == "cpu" else None
-    return want if cap is None else max(16 * 2**20, min(want, cap))
+    if info.kind != "cpu":
+        return max(pick(1, 4) * (info.cache_bytes or 32 * 2**20), pick(256 * 2**20, 2**30))
+    return stream_array_bytes(info.cache_bytes, _memory_cap(1 / 8), pick(1, 4), pick(64 * 2**20, 256 * 2**20))
 
 
 def working_set_bytes(device: str | None = None) -> int:

@@ -33,46 +33,20 @@ from pathlib import Path
 import torch
 
 from course_lib.core.paths import cache_dir
+from course_lib.measure import microbench
 from course_lib.measure.hardware import clock as clock_probe
 from course_lib.measure.hardware.cores import bf16_flop_per_cycle, cpu_theoretical_flops, vector_units
 from course_lib.measure.hardware.cpu_probe import physical_cores
-from course_lib.measure.hardware.device import DeviceInfo, detect_device, resolve_kind
+from course_lib.measure.hardware.device import DeviceInfo, cache_regime, detect_device, resolve_kind, size_text
 from course_lib.measure.hardware.peaks_cache import MeasuredPeaks, remember_peaks
 
 PROFILE_VERSION = 1  # bump when what is measured changes: every stored profile is then measured again
 PER_OP_DEFINITION = "one 1-element torch.add, back to back, median of 5 loops of 2,000 (profiling.per_op_overhead_s)"
 
 
-def _size(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
-
-
-def _mb(n: float) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
-
-
 def regime(n_bytes: float, llc: int | None, what: str = "", *, l2: int | None = None) -> str:
-    """The line a bandwidth or cache claim prints first: where ``n_bytes`` read once per pass come from,
-    against a last-level cache of ``llc`` bytes (and an ``l2``, when given). An LRU cache keeps none of a
-    cyclic read larger than itself, so at 1x the LLC or more every pass streams from DRAM; at 4x the LLC
-    no prefetch or partial reuse can help either. Below the LLC a pass may beat the DRAM roof."""
-    if isinstance(n_bytes, bool) or not isinstance(n_bytes, (int, float)) or not n_bytes >= 0:
-        raise ValueError(f"n_bytes must be a number >= 0, got {n_bytes!r}")
-    if llc is not None and (isinstance(llc, bool) or not isinstance(llc, int) or llc <= 0):
-        raise ValueError(f"llc must be a positive int of bytes or None (unknown), got {llc!r}")
-    head = f"{what + ': ' if what else ''}{_mb(n_bytes)}"
-    if not llc:
-        return f"{head}; this machine's last-level cache size is unknown, so where the reads come from is not computed"
-    ratio = n_bytes / llc
-    times = f"{ratio:.1f}x" if ratio >= 0.1 else f"{ratio:.3f}x"
-    base = f"{head} = {times} this {_size(llc)} LLC"
-    if ratio >= 4:
-        return f"{base}: streamed from DRAM on every pass"
-    if ratio >= 1:
-        return f"{base}: larger than the cache, so most of every pass comes from DRAM (a part may stay cached)"
-    if l2 and n_bytes <= l2:
-        return f"{base}, within the {_size(l2)} L2: served from cache, so it can read far faster than DRAM"
-    return f"{base}: fits the cache, so after the first pass it can read faster than DRAM"
+    """``hardware.cache_regime`` against a given LLC (None: unknown, never this machine's by default)."""
+    return cache_regime(n_bytes, llc or 0, what, l2=l2)
 
 
 def cache_levels() -> dict[str, int]:
@@ -215,7 +189,7 @@ class MachineProfile:
         st = self.stream["triad"][t]
         clock = f"{self.clock_ghz:.2f} GHz measured" if self.clock_ghz else "clock not measured"
         os_clock = f" (OS says {self.clock_os_mhz / 1e3:.2f})" if self.clock_os_mhz and self.kind == "cpu" else ""
-        llc = f"LLC {_size(self.llc)}" if self.llc else "LLC unknown"
+        llc = f"LLC {size_text(self.llc)}" if self.llc else "LLC unknown"
         tail = f" · decode: {self.decode}" if self.decode else ""
         tail += f" · kernels: {self.kernels}" if self.kernels else ""
         when = "cached" if self.from_cache else "just measured"
@@ -235,7 +209,7 @@ class MachineProfile:
         """A working set that DRAM, not the cache, serves: 4x the LLC (at least 256 MiB), within
         ``budget`` bytes (default: a quarter of the memory available now)."""
         want = max(256 * 2**20, 4 * (self.llc or 0))
-        cap = available_bytes() / 4 if budget is None else budget
+        cap = microbench.available_bytes() / 4 if budget is None else budget
         return int(min(want, cap)) if cap else int(want)
 
     def utilization(
@@ -244,6 +218,8 @@ class MachineProfile:
         """(fraction, text) of ``rate`` (FLOP/s if ``flops`` else bytes/s) over the profile's peak. Above
         the peak (by more than its spread) the text names a probe error: the peak was measured low, or the
         rate was served by a cache, and the figure is not a utilization."""
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate < 0:
+            raise ValueError(f"rate must be a finite number >= 0 (FLOP/s or bytes/s), got {rate!r}")
         peak = self.peak_flops(dtype, threads) if flops else self.bandwidth(threads)
         frac = rate / peak
         sp = self.spread(dtype if flops else "triad", threads)
@@ -256,26 +232,11 @@ class MachineProfile:
 
     def drift(self, name: str, value: float, profiled: float, unit: str = "") -> str:
         """A figure a chapter had to re-measure, beside the profile's, with the drift between them."""
+        for arg, v in (("value", value), ("profiled", profiled)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{arg} must be a finite number >= 0, got {v!r}")
         d = value / profiled - 1 if profiled else math.nan
         return f"{name}: {value:,.4g}{unit} here, {profiled:,.4g}{unit} in profile {self.key} ({d:+.0%} drift)"
-
-
-def available_bytes() -> float:
-    """Memory available now (psutil), in bytes; 0.0 where it cannot be read."""
-    try:
-        import psutil
-
-        return float(psutil.virtual_memory().available)
-    except Exception:  # noqa: BLE001
-        return 0.0
-
-
-def stream_array_bytes(llc: int | None, available: float = 0.0) -> int:
-    """Bytes of one STREAM array in the profile: STREAM's own rule, 4x the last-level cache (32 MiB assumed
-    where unknown), at least 64 MiB, and within an eighth of ``available`` memory when that is known (a
-    300 MiB LLC would otherwise ask for 3.6 GB of arrays on a Binder box of 2 GB)."""
-    array = max(4 * (llc or 32 * 2**20), 64 * 2**20)
-    return max(16 * 2**20, min(array, int(available / 8))) if available else array
 
 
 def fingerprint(device: str | None = None) -> dict[str, object]:
@@ -351,7 +312,6 @@ def _rate(timing, amount: float) -> list[float]:
 
 
 def _measure(kind: str, key: str) -> MachineProfile:
-    from course_lib.measure import microbench
     from course_lib.measure.profiling import per_op_overhead_s
 
     info = detect_device(kind)
@@ -360,7 +320,9 @@ def _measure(kind: str, key: str) -> MachineProfile:
     saved = torch.get_num_threads()
     all_t = physical_cores() if kind == "cpu" else 1
     counts = {"1": 1, "all": all_t} if kind == "cpu" and all_t > 1 else {"all": all_t}
-    array = stream_array_bytes(llc, available_bytes() if kind == "cpu" else 0.0)
+    avail = microbench.available_bytes() if kind == "cpu" else 0.0
+    cap = int(avail / 8) if avail else None
+    array = microbench.stream_array_bytes(llc, cap)
     stream: dict[str, dict[str, list[float]]] = {"copy": {}, "triad": {}}
     matmul: dict[str, dict[str, list[float]]] = {}
     sizes: dict[str, int] = {}

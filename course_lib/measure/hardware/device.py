@@ -84,28 +84,43 @@ class DeviceInfo:
         )
 
     def _cache(self) -> str:
-        if not self.cache_bytes:
-            return "unknown"
-        mib = self.cache_bytes / 2**20
-        return f"{mib:.0f} MiB" if mib >= 1 else f"{self.cache_bytes / 2**10:.0f} KiB"
+        return size_text(self.cache_bytes) if self.cache_bytes else "unknown"
 
 
-def cache_regime(n_bytes: float, llc: int | None = None) -> str:
-    """Where ``n_bytes`` read in order on every pass (a decode step's weights, a STREAM triad's arrays) come from, said against the last-level cache ``llc``
-    (default: this machine's): larger than it, they stream from DRAM each time (an LRU cache keeps none of
-    a cyclic read bigger than itself); smaller, they can stay in it, and a pass may beat the DRAM roof. An
-    LLC is 32 MiB on the course's AMD VM and 300 MiB on a Sapphire Rapids one, so the verdict is computed."""
-    if not (isinstance(n_bytes, (int, float)) and n_bytes >= 0):
+def size_text(n: float) -> str:
+    """Bytes as GiB, MiB or KiB, for a cache or an array."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
+def cache_regime(n_bytes: float, llc: int | None = None, what: str = "", *, l2: int | None = None) -> str:
+    """The line a bandwidth or cache claim prints first: where ``n_bytes`` read once per pass (a decode
+    step's weights, a STREAM triad's arrays) come from, against the last-level cache ``llc`` (None: this
+    machine's; 0: unknown) and an ``l2`` when given. An LRU cache keeps none of a cyclic read larger than
+    itself, so at 1x the LLC or more every pass streams from DRAM; at 4x no prefetch or partial reuse helps
+    either. Below the LLC a pass may beat the DRAM roof. An LLC is 32 MiB on the course's AMD VM and 300 MiB
+    on a Sapphire Rapids one, so the line is computed, never written."""
+    if isinstance(n_bytes, bool) or not isinstance(n_bytes, (int, float)) or not n_bytes >= 0:
         raise ValueError(f"n_bytes must be a number >= 0, got {n_bytes!r}")
     llc = detect_device("cpu").cache_bytes if llc is None else llc
+    if llc is not None and (isinstance(llc, bool) or not isinstance(llc, int) or llc < 0):
+        raise ValueError(f"llc must be an int of bytes >= 0 (0: unknown) or None (this machine's), got {llc!r}")
+    head = f"{what + ': ' if what else ''}{_mb(n_bytes)}"
     if not llc:
-        return "last-level cache size unknown"
-    size = f"the last-level cache ({llc / 2**20:.0f} MiB)"
-    if n_bytes >= 2 * llc:
-        return f"{n_bytes / llc:.1f}x {size}: every pass streams them from DRAM"
-    if n_bytes >= llc:
-        return f"{n_bytes / llc:.1f}x {size}: most of each pass's reads come from DRAM (the cache may keep a part)"
-    return f"{n_bytes / llc:.2f}x {size}: they can stay in the cache, so a pass may read faster than DRAM"
+        return f"{head}; the last-level cache size is unknown, so where the reads come from is not computed"
+    ratio = n_bytes / llc
+    base = f"{head} = {ratio:.1f}x" if ratio >= 0.1 else f"{head} = {ratio:.3f}x"
+    base += f" this {size_text(llc)} LLC"
+    if ratio >= 4:
+        return f"{base}: streamed from DRAM on every pass"
+    if ratio >= 1:
+        return f"{base}: larger than the cache, so most of every pass comes from DRAM (a part may stay cached)"
+    if l2 and n_bytes <= l2:
+        return f"{base}, within the {size_text(l2)} L2: served from cache, so it can read far faster than DRAM"
+    return f"{base}: fits the cache, so after the first pass it can read faster than DRAM"
 
 
 def _detect_cpu() -> DeviceInfo:
